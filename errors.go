@@ -1,0 +1,54 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+var (
+	// ErrNoTransaction is returned when events would be written outside a
+	// database transaction. Nothing has been written when it is returned:
+	// open a transaction and write the business change and its events in it.
+	ErrNoTransaction = errors.New("outbox: no open transaction: events are written only inside the transaction of the change they describe; begin one (db.Transaction, client.Tx) and write in it")
+
+	// ErrNoPool is returned by the relay-side methods of a Store created
+	// without its own *sql.DB.
+	ErrNoPool = errors.New("outbox: store has no database pool: pass the relay's own *sql.DB to NewStore to claim, mark, count or purge")
+
+	// ErrInvalidTable is returned, wrapped with the offending name, when a
+	// table name is not a plain, optionally schema-qualified, identifier.
+	ErrInvalidTable = errors.New("outbox: invalid table name")
+
+	// ErrInvalidEvent is returned, wrapped with the reason, when an event
+	// cannot be written (no type, say). Nothing is written.
+	ErrInvalidEvent = errors.New("outbox: invalid event")
+
+	// ErrLeaseLost matches a *LeaseLostError with errors.Is.
+	ErrLeaseLost = errors.New("outbox: lease lost")
+)
+
+// LeaseLostError reports messages that MarkPublished, MarkFailed or Release
+// left alone because they no longer carry the caller's claim: the lease ran
+// out and another claimer took them (or they were already published). Those
+// rows now belong to the other claimer; the caller must not act on them.
+//
+// For MarkPublished this means the message may be published twice, which the
+// at-least-once promise allows; it is never lost.
+type LeaseLostError struct {
+	// IDs are the messages whose claim was lost.
+	IDs []string
+}
+
+func (e *LeaseLostError) Error() string {
+	ids := e.IDs
+	more := ""
+	if len(ids) > 5 {
+		more = fmt.Sprintf(" and %d more", len(ids)-5)
+		ids = ids[:5]
+	}
+	return fmt.Sprintf("outbox: lease lost on %d message(s) (%s%s): another claimer took them after the lease expired; use a longer lease if this repeats", len(e.IDs), strings.Join(ids, ", "), more)
+}
+
+// Is makes errors.Is(err, ErrLeaseLost) true for a *LeaseLostError.
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }

@@ -1,0 +1,112 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+)
+
+// ContentTypeDefault is the content type of an Event that does not set one.
+const ContentTypeDefault = "application/json"
+
+// Event is a domain event as application code records it. It becomes one
+// outbox row, and later one AMQP message, when the transaction that recorded
+// it commits.
+type Event struct {
+	// Type names what happened, such as "order.placed". It is required, and it
+	// is the default routing key.
+	Type string
+
+	// Key identifies the aggregate the event is about (an order id, say). It
+	// travels as the "x-event-key" header and is a hint for consumers that
+	// partition or order by aggregate; the outbox itself does not order by it.
+	Key string
+
+	// Payload is the message body, sent as is.
+	Payload []byte
+
+	// ContentType describes Payload. Defaults to "application/json".
+	ContentType string
+
+	// Headers are sent as AMQP headers. They are merged over the headers of
+	// StoreConfig.Headers, so a value set here wins.
+	Headers map[string]string
+
+	// Exchange, when not empty, overrides the exchange chosen by the Router.
+	Exchange string
+
+	// RoutingKey, when not empty, overrides the routing key chosen by the Router.
+	RoutingKey string
+}
+
+// JSON returns an Event of the given type and key whose payload is v encoded
+// as JSON.
+func JSON(typ, key string, v any) (Event, error) {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return Event{}, fmt.Errorf("outbox: encoding %q event payload as JSON: %w", typ, err)
+	}
+	return Event{Type: typ, Key: key, Payload: payload, ContentType: ContentTypeDefault}, nil
+}
+
+// Source is implemented by anything that hands over the events it has
+// recorded. PullEvents returns the events and forgets them, so that each is
+// written once. Models that embed a Recorder implement Source.
+type Source interface {
+	PullEvents() []Event
+}
+
+// Recorder collects the events of an aggregate until the ORM writes them.
+// Embed it in a model: it adds no column and no JSON field, and the GORM
+// plugin and ent hook pull its events when they write the model in a
+// transaction.
+//
+// A Recorder is safe for concurrent use. Its zero value is ready to use.
+type Recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+// Record adds events to be written with the aggregate's next write.
+func (r *Recorder) Record(evts ...Event) {
+	r.mu.Lock()
+	r.events = append(r.events, evts...)
+	r.mu.Unlock()
+}
+
+// PullEvents returns the recorded events and clears them.
+func (r *Recorder) PullEvents() []Event {
+	r.mu.Lock()
+	evts := r.events
+	r.events = nil
+	r.mu.Unlock()
+	return evts
+}
+
+// PendingEvents returns a copy of the recorded events without clearing them.
+func (r *Recorder) PendingEvents() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Event(nil), r.events...)
+}
+
+var _ Source = (*Recorder)(nil)
+
+// Router decides where an event is published: the exchange and the routing
+// key. It is called when the event is written, and its answer is stored in
+// the outbox row. Event.Exchange and Event.RoutingKey, when set, override it.
+type Router func(Event) (exchange, routingKey string)
+
+// ToExchange returns a Router that publishes every event to the named
+// exchange with the event type as routing key. ToExchange("") routes through
+// the broker's default exchange, which delivers to the queue named like the
+// event type.
+func ToExchange(name string) Router {
+	return func(e Event) (string, string) { return name, e.Type }
+}
+
+// HeaderFunc returns headers to add to every event written with the given
+// context, for example the W3C trace context of the writer's span. Headers an
+// Event sets itself win over those returned here.
+type HeaderFunc func(context.Context) map[string]string

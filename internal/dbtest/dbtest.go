@@ -1,0 +1,180 @@
+// Package dbtest gives tests a connection to the real PostgreSQL named by
+// TEST_DATABASE_URL and a table of their own, so that tests run in parallel
+// without seeing each other's rows. A server that cannot be reached fails the
+// test with instructions; it is never a silent skip.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"go.uber.org/goleak"
+)
+
+// URLDefault is used when TEST_DATABASE_URL is not set.
+const URLDefault = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// URL returns the test database URL.
+func URL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return URLDefault
+}
+
+// Redact returns u with any password replaced, for messages.
+func Redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}
+
+var (
+	sharedMu sync.Mutex
+	shared   *sql.DB
+)
+
+// DB returns the package's shared pool, opened on first use and closed by
+// Main. Tests must not close it.
+func DB(tb testing.TB) *sql.DB {
+	tb.Helper()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if shared == nil {
+		db := open(tb)
+		db.SetMaxOpenConns(40)
+		shared = db
+	}
+	return shared
+}
+
+// NewDB opens a pool of the test's own, closed when the test ends (or
+// earlier, by the test).
+func NewDB(tb testing.TB) *sql.DB {
+	tb.Helper()
+	db := open(tb)
+	tb.Cleanup(func() { db.Close() })
+	return db
+}
+
+func open(tb testing.TB) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("pgx", URL())
+	if err != nil {
+		tb.Fatalf("dbtest: opening %s: %v", Redact(URL()), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		tb.Fatalf("dbtest: cannot reach PostgreSQL at %s: %v\n"+
+			"Is it running? Start it with `docker compose up -d --wait postgres`, or on a Debian host with "+
+			"`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`; "+
+			"set TEST_DATABASE_URL to use another server.", Redact(URL()), err)
+	}
+	return db
+}
+
+var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// Table returns a table name no other test uses ("t_<test>_<random>"), and
+// drops that table, whatever created it, when the test ends.
+func Table(tb testing.TB) string {
+	tb.Helper()
+	name := nonIdent.ReplaceAllString(strings.ToLower(tb.Name()), "_")
+	if len(name) > 30 {
+		name = name[len(name)-30:]
+	}
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	table := "t_" + strings.Trim(name, "_") + "_" + hex.EncodeToString(b[:])
+	db := DB(tb)
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+table+`"`); err != nil {
+			tb.Errorf("dbtest: dropping %s: %v", table, err)
+		}
+	})
+	return table
+}
+
+// Schema returns a schema name no other test uses, created now and dropped
+// with everything in it when the test ends.
+func Schema(tb testing.TB) string {
+	tb.Helper()
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := "s_" + hex.EncodeToString(b[:])
+	db := DB(tb)
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+schema+`"`); err != nil {
+		tb.Fatalf("dbtest: creating schema: %v", err)
+	}
+	tb.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), `DROP SCHEMA "`+schema+`" CASCADE`); err != nil {
+			tb.Errorf("dbtest: dropping schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}
+
+// Count runs a count query and returns its result, failing the test on error.
+func Count(tb testing.TB, db *sql.DB, query string, args ...any) int64 {
+	tb.Helper()
+	var n int64
+	if err := db.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
+		tb.Fatalf("dbtest: %s: %v", query, err)
+	}
+	return n
+}
+
+// Main runs the tests of a package, then closes the shared pool and, if
+// everything passed, fails on leaked goroutines.
+func Main(m *testing.M) {
+	code := m.Run()
+	sharedMu.Lock()
+	if shared != nil {
+		shared.Close()
+		shared = nil
+	}
+	sharedMu.Unlock()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines leaked by the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Logger returns a logger that writes to the test's log, at debug level when
+// OUTBOX_DEBUG=1 and at info level otherwise.
+func Logger(tb testing.TB) *slog.Logger {
+	level := slog.LevelInfo
+	if os.Getenv("OUTBOX_DEBUG") == "1" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct{ tb testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}

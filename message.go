@@ -1,0 +1,54 @@
+package outbox
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// Message is one outbox row as the relay sees it: an Event after it was
+// written, with its id and its delivery state.
+type Message struct {
+	// ID is the message's UUIDv7, assigned when the event is written. It is
+	// sent as the AMQP message-id and stays the same on every redelivery:
+	// consumers deduplicate on it.
+	ID string
+
+	// EventType, Key, Exchange, RoutingKey, Payload, ContentType and Headers
+	// are those of the written Event, with the Router's choice of exchange
+	// and routing key and the HeaderFunc's headers applied.
+	EventType   string
+	Key         string
+	Exchange    string
+	RoutingKey  string
+	Payload     []byte
+	ContentType string
+	Headers     map[string]string
+
+	// CreatedAt is when the writing transaction started, by the database clock.
+	CreatedAt time.Time
+
+	// Attempts counts failed publish attempts so far.
+	Attempts int
+
+	// LastError is the reason given by the last failed attempt, if any.
+	LastError string
+
+	// ClaimedUntil is when the claim that returned this message expires, by
+	// the database clock. Zero for messages that are not claimed.
+	ClaimedUntil time.Time
+
+	// ParkedAt is when the message was parked; zero unless it is parked.
+	ParkedAt time.Time
+
+	// claimToken fences the claim: marks apply only while the row still
+	// carries it.
+	claimToken string
+}
+
+// sortByID orders messages oldest first. UUIDv7 ids begin with their
+// creation time in milliseconds and are monotonic within a process, and the
+// canonical lowercase text form sorts like the bytes.
+func sortByID(msgs []Message) {
+	slices.SortFunc(msgs, func(a, b Message) int { return strings.Compare(a.ID, b.ID) })
+}

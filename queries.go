@@ -1,0 +1,98 @@
+package outbox
+
+import "strings"
+
+// queries holds the SQL of a Store, built once from its validated table
+// name. User data never enters these texts: it travels as bind parameters.
+type queries struct {
+	claim, markPublished, release, markFailed string
+	pending, stats, parked, retry, retryAll   string
+	purge                                     string
+}
+
+const messageColumns = `o.id, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
+	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at`
+
+func newQueries(t table) queries {
+	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns)
+	return queries{
+		// One statement: the CTE locks candidate rows for the length of this
+		// statement only (SKIP LOCKED lets concurrent claimers pass each
+		// other), and the UPDATE decides the claim. A row another claimer
+		// took meanwhile fails the re-checked WHERE and is not returned.
+		claim: r.Replace(`WITH c AS (
+	SELECT id FROM {table}
+	WHERE published_at IS NULL AND parked_at IS NULL
+	  AND available_at <= now()
+	  AND (claimed_until IS NULL OR claimed_until <= now())
+	ORDER BY id
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS o
+SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
+FROM c WHERE o.id = c.id
+RETURNING {columns}`),
+
+		markPublished: r.Replace(`UPDATE {table} AS o
+SET published_at = now(), claimed_until = NULL, claim_token = NULL
+FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)
+WHERE o.id = m.id AND o.claim_token = m.token AND o.published_at IS NULL
+RETURNING o.id`),
+
+		release: r.Replace(`UPDATE {table} AS o
+SET claimed_until = NULL, claim_token = NULL
+FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)
+WHERE o.id = m.id AND o.claim_token = m.token AND o.published_at IS NULL
+RETURNING o.id`),
+
+		markFailed: r.Replace(`UPDATE {table}
+SET attempts = attempts + 1,
+    last_error = $3,
+    claimed_until = NULL,
+    claim_token = NULL,
+    available_at = now() + $4::bigint * interval '1 microsecond',
+    parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+WHERE id = $1::uuid AND claim_token = $2::uuid AND published_at IS NULL
+RETURNING attempts, parked_at IS NOT NULL`),
+
+		// Two counts, each answered by its own partial index.
+		pending: r.Replace(`SELECT
+	(SELECT count(*) FROM {table} WHERE published_at IS NULL AND parked_at IS NULL) +
+	(SELECT count(*) FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL)`),
+
+		stats: r.Replace(`WITH live AS (
+	SELECT count(*) AS n,
+	       count(*) FILTER (WHERE claimed_until > now()) AS claimed,
+	       min(created_at) AS oldest
+	FROM {table} WHERE published_at IS NULL AND parked_at IS NULL
+), parked AS (
+	SELECT count(*) AS n, min(created_at) AS oldest
+	FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL
+)
+SELECT live.n + parked.n, live.claimed, parked.n,
+       coalesce(extract(epoch FROM now() - least(live.oldest, parked.oldest))::float8, 0),
+       (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour')
+FROM live, parked`),
+
+		parked: r.Replace(`SELECT {columns} FROM {table} AS o
+WHERE published_at IS NULL AND parked_at IS NOT NULL
+ORDER BY parked_at DESC, id
+LIMIT $1`),
+
+		retry: r.Replace(`UPDATE {table}
+SET parked_at = NULL, attempts = 0, available_at = now()
+WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL AND published_at IS NULL`),
+
+		retryAll: r.Replace(`UPDATE {table}
+SET parked_at = NULL, attempts = 0, available_at = now()
+WHERE parked_at IS NOT NULL AND published_at IS NULL`),
+
+		purge: r.Replace(`DELETE FROM {table} WHERE id IN (
+	SELECT id FROM {table}
+	WHERE published_at IS NOT NULL AND published_at < $1
+	ORDER BY published_at
+	LIMIT $2
+)`),
+	}
+}

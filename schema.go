@@ -1,0 +1,135 @@
+package outbox
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+// TableDefault is the outbox table used when no name is configured.
+const TableDefault = "outbox"
+
+// tableNameMax is the longest table (or schema) name accepted: PostgreSQL
+// identifiers are cut at 63 bytes, and index names append a suffix of up to
+// 14 characters to the table name.
+const tableNameMax = 48
+
+// Migrations holds the schema of the default "outbox" table as plain SQL
+// files, in the layout golang-migrate and Atlas read
+// (NNN_name.up.sql / NNN_name.down.sql) and, under goose/, in goose's
+// annotated form. Copy them into the migrations of your application, or
+// print the DDL for another table name with Schema or `outbox schema`.
+//
+//go:embed migrations
+var Migrations embed.FS
+
+// table is a validated table name, kept in its quoted and its plain form.
+type table struct {
+	quoted string // "schema"."name" or "name", safe to splice into SQL
+	name   string // the unqualified name, for index names
+	full   string // as given
+}
+
+// parseTable validates a table name: one or two dot-separated parts (schema
+// and table), each a lowercase SQL identifier of at most 48 characters.
+// Nothing else is accepted, so that a name can never change the meaning of
+// the SQL it is placed in.
+func parseTable(s string) (table, error) {
+	if s == "" {
+		return table{}, fmt.Errorf("%w: the name is empty; leave StoreConfig.Table unset for %q", ErrInvalidTable, TableDefault)
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) > 2 {
+		return table{}, fmt.Errorf("%w %q: at most one dot is allowed (schema.table)", ErrInvalidTable, s)
+	}
+	quoted := make([]string, len(parts))
+	for i, p := range parts {
+		if err := checkIdent(p); err != nil {
+			return table{}, fmt.Errorf("%w %q: %s", ErrInvalidTable, truncate(s, 80), err)
+		}
+		quoted[i] = `"` + p + `"`
+	}
+	return table{quoted: strings.Join(quoted, "."), name: parts[len(parts)-1], full: s}, nil
+}
+
+func checkIdent(p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("a part of the name is empty")
+	case len(p) > tableNameMax:
+		return fmt.Errorf("%q is %d characters long, the limit is %d", truncate(p, 20), len(p), tableNameMax)
+	case p[0] >= '0' && p[0] <= '9':
+		return fmt.Errorf("%q starts with a digit", p)
+	}
+	for _, c := range p {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return fmt.Errorf("character %q is not allowed: use lowercase letters, digits and underscores", c)
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Schema returns the DDL that creates the outbox table of the given name and
+// its indexes. Every statement is idempotent (IF NOT EXISTS), so the script
+// can be run more than once.
+func Schema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return t.createSQL(), nil
+}
+
+// DropSchema returns the DDL that drops the outbox table of the given name.
+func DropSchema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return "DROP TABLE IF EXISTS " + t.quoted + ";\n", nil
+}
+
+// createSQL is the one definition of the table. The embedded migrations are
+// this text for the default table; a test keeps them equal.
+func (t table) createSQL() string {
+	r := strings.NewReplacer("{table}", t.quoted, "{name}", t.name)
+	return r.Replace(`CREATE TABLE IF NOT EXISTS {table} (
+    id            uuid        PRIMARY KEY,
+    event_type    text        NOT NULL,
+    event_key     text        NOT NULL DEFAULT '',
+    exchange      text        NOT NULL DEFAULT '',
+    routing_key   text        NOT NULL DEFAULT '',
+    payload       bytea       NOT NULL,
+    content_type  text        NOT NULL DEFAULT 'application/json',
+    headers       jsonb       NOT NULL DEFAULT '{}',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    available_at  timestamptz NOT NULL DEFAULT now(),
+    attempts      integer     NOT NULL DEFAULT 0,
+    last_error    text,
+    claimed_until timestamptz,
+    claim_token   uuid,
+    published_at  timestamptz,
+    parked_at     timestamptz
+);
+
+-- Claims walk this index: it holds only rows that are neither published nor
+-- parked, so published history does not slow them down.
+CREATE INDEX IF NOT EXISTS "{name}_claim_idx" ON {table} (id)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+
+-- Parked rows, for operators and for counting what is pending.
+CREATE INDEX IF NOT EXISTS "{name}_parked_idx" ON {table} (parked_at)
+    WHERE published_at IS NULL AND parked_at IS NOT NULL;
+
+-- Published rows by age, for purging.
+CREATE INDEX IF NOT EXISTS "{name}_published_idx" ON {table} (published_at)
+    WHERE published_at IS NOT NULL;
+`)
+}
