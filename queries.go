@@ -16,34 +16,38 @@ const messageColumns = `o.id, o.event_type, o.event_key, o.exchange, o.routing_k
 func newQueries(t table) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns)
 	return queries{
-		// One statement: the CTE locks candidate rows for the length of this
-		// statement only (SKIP LOCKED lets concurrent claimers pass each
-		// other), and the UPDATE decides the claim. A row another claimer
-		// took meanwhile fails the re-checked WHERE and is not returned.
-		claim: r.Replace(`WITH c AS (
+		// One statement. The subquery locks candidate rows for the length
+		// of this statement only (SKIP LOCKED lets concurrent claimers pass
+		// each other) and the UPDATE decides the claim: a row another
+		// claimer took meanwhile fails the re-checked WHERE and is not
+		// returned. It is written as id = ANY(ARRAY(...)) rather than a CTE
+		// joined to the table so that even a generic plan, cached while the
+		// table was small, reaches the rows through the primary key.
+		claim: r.Replace(`UPDATE {table} AS o
+SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
+WHERE o.id = ANY(ARRAY(
 	SELECT id FROM {table}
 	WHERE published_at IS NULL AND parked_at IS NULL
 	  AND available_at <= now()
 	  AND (claimed_until IS NULL OR claimed_until <= now())
 	ORDER BY id
 	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE {table} AS o
-SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
-FROM c WHERE o.id = c.id
+	FOR UPDATE SKIP LOCKED))
 RETURNING {columns}`),
 
+		// Fenced by (id, claim token) pairs. The id = ANY condition keeps
+		// even a generic plan, cached while the table was small, on the
+		// primary key; a join on unnest alone degrades to a sequential scan.
 		markPublished: r.Replace(`UPDATE {table} AS o
 SET published_at = now(), claimed_until = NULL, claim_token = NULL
-FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)
-WHERE o.id = m.id AND o.claim_token = m.token AND o.published_at IS NULL
+WHERE o.id = ANY($1::uuid[]) AND o.published_at IS NULL
+  AND (o.id, o.claim_token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
 RETURNING o.id`),
 
 		release: r.Replace(`UPDATE {table} AS o
 SET claimed_until = NULL, claim_token = NULL
-FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)
-WHERE o.id = m.id AND o.claim_token = m.token AND o.published_at IS NULL
+WHERE o.id = ANY($1::uuid[]) AND o.published_at IS NULL
+  AND (o.id, o.claim_token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
 RETURNING o.id`),
 
 		markFailed: r.Replace(`UPDATE {table}

@@ -1,0 +1,148 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// BenchmarkAdd measures what the outbox adds to a business transaction: the
+// same transaction (insert one business row, commit) without and with 1 or
+// 10 events.
+func BenchmarkAdd(b *testing.B) {
+	ctx := context.Background()
+	db := dbtest.DB(b)
+	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: dbtest.Table(b)})
+	require.NoError(b, err)
+	pool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: store.Table()})
+	require.NoError(b, err)
+	require.NoError(b, pool.CreateSchemaIfAbsent(ctx))
+	orders := dbtest.Table(b)
+	_, err = db.ExecContext(ctx, `CREATE TABLE "`+orders+`" (id bigserial PRIMARY KEY, total bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(b, err)
+
+	for _, n := range []int{0, 1, 10} {
+		name := fmt.Sprintf("events=%d", n)
+		if n == 0 {
+			name = "business_only"
+		}
+		evts := events(n)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := tx.ExecContext(ctx, `INSERT INTO "`+orders+`" (total) VALUES ($1)`, 4200); err != nil {
+					b.Fatal(err)
+				}
+				if err := store.Add(ctx, tx, evts...); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkClaimMarkPublished measures the relay's database work per batch:
+// one Claim and one MarkPublished. msgs/s is the ceiling the store puts on a
+// single relay loop.
+func BenchmarkClaimMarkPublished(b *testing.B) {
+	ctx := context.Background()
+	db := dbtest.DB(b)
+	for _, batch := range []int{100, 500} {
+		b.Run("batch="+strconv.Itoa(batch), func(b *testing.B) {
+			store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(b)})
+			require.NoError(b, err)
+			require.NoError(b, store.CreateSchemaIfAbsent(ctx))
+			fill := func() {
+				tx, err := db.BeginTx(ctx, nil)
+				require.NoError(b, err)
+				require.NoError(b, store.Add(ctx, tx, events(batch*20)...))
+				require.NoError(b, tx.Commit())
+			}
+			b.ReportAllocs()
+			var published int
+			for b.Loop() {
+				msgs, err := store.Claim(ctx, batch, time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(msgs) < batch {
+					b.StopTimer()
+					if len(msgs) > 0 {
+						require.NoError(b, store.Release(ctx, msgs...))
+					}
+					fill()
+					b.StartTimer()
+					if msgs, err = store.Claim(ctx, batch, time.Minute); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := store.MarkPublished(ctx, msgs...); err != nil {
+					b.Fatal(err)
+				}
+				published += len(msgs)
+			}
+			b.ReportMetric(float64(published)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
+
+// BenchmarkClaimWithHistory compares a claim of 100 messages on a table with
+// no published rows against one holding OUTBOX_BENCH_HISTORY (default
+// 1,000,000) published rows. The partial claim index should keep the two
+// close.
+func BenchmarkClaimWithHistory(b *testing.B) {
+	ctx := context.Background()
+	db := dbtest.DB(b)
+	history := 1_000_000
+	if v := os.Getenv("OUTBOX_BENCH_HISTORY"); v != "" {
+		var err error
+		history, err = strconv.Atoi(v)
+		require.NoError(b, err, "OUTBOX_BENCH_HISTORY")
+	}
+	for _, published := range []int{0, history} {
+		b.Run(fmt.Sprintf("published=%d", published), func(b *testing.B) {
+			store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(b)})
+			require.NoError(b, err)
+			require.NoError(b, store.CreateSchemaIfAbsent(ctx))
+			_, err = db.ExecContext(ctx, `INSERT INTO "`+store.Table()+`" (id, event_type, payload, published_at, created_at)
+				SELECT gen_random_uuid(), 'old.event', '\x7b7d', now() - interval '1 hour', now() - interval '2 hours'
+				FROM generate_series(1, $1)`, published)
+			require.NoError(b, err)
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(b, err)
+			require.NoError(b, store.Add(ctx, tx, events(1000)...))
+			require.NoError(b, tx.Commit())
+			_, err = db.ExecContext(ctx, `VACUUM ANALYZE "`+store.Table()+`"`)
+			require.NoError(b, err)
+
+			b.ReportAllocs()
+			for b.Loop() {
+				msgs, err := store.Claim(ctx, 100, time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(msgs) != 100 {
+					b.Fatalf("claimed %d, want 100", len(msgs))
+				}
+				b.StopTimer()
+				require.NoError(b, store.Release(ctx, msgs...))
+				b.StartTimer()
+			}
+		})
+	}
+}
