@@ -1,0 +1,308 @@
+// Package amqptest gives tests the real RabbitMQ named by TEST_AMQP_URL: an
+// exchange and a queue of their own, a consumer that records what arrives,
+// and a TCP proxy that can cut connections. A broker that cannot be reached
+// fails the test with instructions; it is never a silent skip.
+package amqptest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// URLDefault is used when TEST_AMQP_URL is not set.
+const URLDefault = "amqp://guest:guest@127.0.0.1:5672/"
+
+// URL returns the test broker URL.
+func URL() string {
+	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return URLDefault
+}
+
+// Conn opens a connection of the test's own, closed when the test ends.
+func Conn(tb testing.TB) *amqp.Connection {
+	tb.Helper()
+	conn, err := amqp.DialConfig(URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		tb.Fatalf("amqptest: cannot connect to RabbitMQ at TEST_AMQP_URL (default %s): %v\n"+
+			"Is it running? Start it with `docker compose up -d --wait rabbitmq`, or on a Debian host with "+
+			"`rabbitmq-server -detached`.", strings.Replace(URLDefault, "guest:guest@", "", 1), err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+var nonName = regexp.MustCompile(`[^a-zA-Z0-9]+`)
+
+// Name returns a name no other test uses, with the given prefix.
+func Name(tb testing.TB, prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := nonName.ReplaceAllString(tb.Name(), ".")
+	if len(name) > 60 {
+		name = name[len(name)-60:]
+	}
+	return prefix + "." + name + "." + hex.EncodeToString(b[:])
+}
+
+// Topology is a topic exchange with one queue bound to it.
+type Topology struct {
+	Exchange string
+	Queue    string
+}
+
+// Declare declares a topic exchange and a queue bound to it for the routing
+// keys given (default "#", everything), and deletes both when the test ends.
+func Declare(tb testing.TB, conn *amqp.Connection, keys ...string) Topology {
+	tb.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		tb.Fatalf("amqptest: opening channel: %v", err)
+	}
+	defer ch.Close()
+	top := Topology{Exchange: Name(tb, "x"), Queue: Name(tb, "q")}
+	if err := ch.ExchangeDeclare(top.Exchange, amqp.ExchangeTopic,
+		false, // durable
+		false, // auto-delete
+		false, // internal
+		false, // no-wait
+		nil); err != nil {
+		tb.Fatalf("amqptest: declaring exchange: %v", err)
+	}
+	if _, err := ch.QueueDeclare(top.Queue,
+		false, // durable
+		false, // auto-delete
+		false, // exclusive
+		false, // no-wait
+		nil); err != nil {
+		tb.Fatalf("amqptest: declaring queue: %v", err)
+	}
+	if len(keys) == 0 {
+		keys = []string{"#"}
+	}
+	for _, k := range keys {
+		if err := ch.QueueBind(top.Queue, k, top.Exchange, false, nil); err != nil {
+			tb.Fatalf("amqptest: binding queue: %v", err)
+		}
+	}
+	tb.Cleanup(func() {
+		conn, err := amqp.Dial(URL())
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(top.Queue, false, false, false)
+			_ = ch.ExchangeDelete(top.Exchange, false, false)
+			ch.Close()
+		}
+	})
+	return top
+}
+
+// Consumer records the messages that arrive on a queue.
+type Consumer struct {
+	mu    sync.Mutex
+	ids   map[string]int
+	total int
+	last  amqp.Delivery
+	done  chan struct{}
+}
+
+// Consume starts consuming queue on a channel of conn until the test ends.
+func Consume(tb testing.TB, conn *amqp.Connection, queue string) *Consumer {
+	tb.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		tb.Fatalf("amqptest: opening channel: %v", err)
+	}
+	deliveries, err := ch.Consume(queue, "", true /* auto-ack */, false, false, false, nil)
+	if err != nil {
+		tb.Fatalf("amqptest: consuming %s: %v", queue, err)
+	}
+	c := &Consumer{ids: make(map[string]int), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for d := range deliveries {
+			c.mu.Lock()
+			c.ids[d.MessageId]++
+			c.total++
+			c.last = d
+			c.mu.Unlock()
+		}
+	}()
+	tb.Cleanup(func() {
+		ch.Close()
+		<-c.done
+	})
+	return c
+}
+
+// Distinct returns how many different message ids arrived.
+func (c *Consumer) Distinct() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ids)
+}
+
+// Total returns how many deliveries arrived, duplicates included.
+func (c *Consumer) Total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total
+}
+
+// IDs returns the delivery count of every message id that arrived.
+func (c *Consumer) IDs() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.ids))
+	for k, v := range c.ids {
+		out[k] = v
+	}
+	return out
+}
+
+// Last returns the last delivery.
+func (c *Consumer) Last() amqp.Delivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// Proxy forwards TCP connections to a target and can cut them all at once,
+// as a network failure or a broker restart would.
+type Proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	cuts   int
+	wg     sync.WaitGroup
+}
+
+// NewProxy listens on a free local port and forwards to target (host:port).
+func NewProxy(tb testing.TB, target string) *Proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("amqptest: proxy listen: %v", err)
+	}
+	p := &Proxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(func() {
+		ln.Close()
+		p.Cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// URL returns an amqp URL that reaches the broker through the proxy.
+func (p *Proxy) URL() string {
+	return "amqp://guest:guest@" + p.ln.Addr().String() + "/"
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", p.target)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, in, out)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(in, out)
+		go p.pipe(out, in)
+	}
+}
+
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	dst.Close()
+	src.Close()
+}
+
+// Cut closes every connection through the proxy. New connections are
+// still accepted.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	if len(conns) > 0 {
+		p.cuts++
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// Cuts returns how many times Cut closed at least one connection.
+func (p *Proxy) Cuts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cuts
+}
+
+// CloseNamedConnections makes the broker itself close every connection
+// whose client-provided name is name, as an operator or a failing node
+// would (rabbitmqctl close_connection, reply 320 CONNECTION_FORCED). It
+// returns how many it closed.
+func CloseNamedConnections(tb testing.TB, name string) int {
+	tb.Helper()
+	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		tb.Fatalf("amqptest: rabbitmqctl list_connections: %v: %s", err, out)
+	}
+	closed := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, `"`+name+`"`) {
+			continue
+		}
+		pid := strings.Fields(line)[0]
+		if out, err := exec.Command("rabbitmqctl", "close_connection", pid, "closed by test").CombinedOutput(); err != nil {
+			tb.Fatalf("amqptest: rabbitmqctl close_connection: %v: %s", err, out)
+		}
+		closed++
+	}
+	return closed
+}
+
+// SetMaxMessageSize changes the broker's max_message_size for channels
+// opened from now on, and restores the previous value when the test ends.
+func SetMaxMessageSize(tb testing.TB, size int) {
+	tb.Helper()
+	eval := func(expr string) string {
+		out, err := exec.Command("rabbitmqctl", "eval", expr).CombinedOutput()
+		if err != nil {
+			tb.Fatalf("amqptest: rabbitmqctl eval %s: %v: %s", expr, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	prev := eval("{ok, V} = application:get_env(rabbit, max_message_size), V.")
+	eval(fmt.Sprintf("application:set_env(rabbit, max_message_size, %d).", size))
+	tb.Cleanup(func() { eval("application:set_env(rabbit, max_message_size, " + prev + ").") })
+}

@@ -1,0 +1,54 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrBrokerUnavailable marks a publish failure that is the broker's fault
+// rather than the message's: no connection, a connection or channel lost
+// before the confirm arrived, a confirm that did not arrive in time. Such
+// messages are released without counting an attempt, and the relay backs
+// off before it tries again.
+//
+// Every other error a Publisher returns for a message counts as the
+// message's fault: the relay marks it failed, which counts an attempt and
+// eventually parks it.
+var ErrBrokerUnavailable = errors.New("relay: broker unavailable")
+
+// PublishError is the error AMQPPublisher returns for a message it could not
+// publish.
+type PublishError struct {
+	// ID is the message's id.
+	ID string
+	// Reason says what went wrong, for logs and the outbox table's
+	// last_error column.
+	Reason string
+	// BrokerFault is true when the broker, not the message, is to blame (see
+	// ErrBrokerUnavailable).
+	BrokerFault bool
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *PublishError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("relay: message %s not published: %s: %v", e.ID, e.Reason, e.Err)
+	}
+	return fmt.Sprintf("relay: message %s not published: %s", e.ID, e.Reason)
+}
+
+func (e *PublishError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrBrokerUnavailable) true for broker faults.
+func (e *PublishError) Is(target error) bool {
+	return target == ErrBrokerUnavailable && e.BrokerFault
+}
+
+func brokerFault(id, reason string, err error) *PublishError {
+	return &PublishError{ID: id, Reason: reason, BrokerFault: true, Err: err}
+}
+
+func messageFault(id, reason string) *PublishError {
+	return &PublishError{ID: id, Reason: reason}
+}

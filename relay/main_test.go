@@ -1,0 +1,9 @@
+package relay
+
+import (
+	"testing"
+
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -1,0 +1,56 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/acemq/outbox"
+)
+
+// Publisher sends messages to a broker. The relay calls Publish with one
+// batch at a time, never concurrently.
+//
+// Publish must return one error per message, in the order of msgs: nil when
+// the broker confirmed the message (it is then marked published and never
+// sent again), an error otherwise. An error for which
+// errors.Is(err, ErrBrokerUnavailable) holds is the broker's fault; any other
+// error is the message's. A Publisher must not report a message as
+// published unless the broker has taken responsibility for it.
+//
+// Publish should stop waiting when ctx ends and report the messages it has no
+// confirm for as broker faults.
+type Publisher interface {
+	Publish(ctx context.Context, msgs []outbox.Message) []error
+	Close() error
+}
+
+// Store is the part of *outbox.Store the relay uses. It exists so that tests
+// can substitute it; *outbox.Store is the implementation.
+type Store interface {
+	Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error)
+	MarkPublished(ctx context.Context, msgs ...outbox.Message) error
+	MarkFailed(ctx context.Context, msg outbox.Message, reason string) error
+	Release(ctx context.Context, msgs ...outbox.Message) error
+}
+
+// Purger is implemented by stores that can purge published messages;
+// *outbox.Store does. The relay purges only when Config.PurgeAfter is set.
+type Purger interface {
+	PurgePublished(ctx context.Context, olderThan time.Duration) (int64, error)
+}
+
+var _ interface {
+	Store
+	Purger
+} = (*outbox.Store)(nil)
+
+// PublisherFunc adapts a function to a Publisher whose Close does nothing.
+type PublisherFunc func(ctx context.Context, msgs []outbox.Message) []error
+
+// Publish calls f.
+func (f PublisherFunc) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	return f(ctx, msgs)
+}
+
+// Close does nothing.
+func (f PublisherFunc) Close() error { return nil }

@@ -1,0 +1,379 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/acemq/outbox"
+)
+
+// Defaults of Config.
+const (
+	BackoffMaxDefault      = 30 * time.Second
+	BatchSizeDefault       = 100
+	LeaseDefault           = 30 * time.Second
+	PollIntervalDefault    = time.Second
+	PublishTimeoutDefault  = 10 * time.Second
+	PurgeIntervalDefault   = time.Hour
+	ShutdownTimeoutDefault = 10 * time.Second
+	settleTimeout          = 15 * time.Second
+	backoffMin             = 100 * time.Millisecond
+)
+
+// Config configures a Relay. The zero value (and nil) gives the defaults.
+type Config struct {
+	// BackoffMax is the longest the relay waits before trying again after
+	// the broker or the database failed; waits grow from 100ms, jittered.
+	// Defaults to 30s.
+	BackoffMax time.Duration
+
+	// BatchSize is how many messages one claim takes. Defaults to 100.
+	BatchSize int
+
+	// Lease is how long a claim holds. It must be comfortably longer than
+	// PublishTimeout: a relay that dies leaves its batch to others after
+	// the lease, so it is also the longest a message waits after a crash.
+	// Defaults to 30s.
+	Lease time.Duration
+
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// PollInterval is how long the relay sleeps when it found less than a
+	// full batch and nothing wakes it. Defaults to 1s.
+	PollInterval time.Duration
+
+	// PublishTimeout bounds publishing one batch, confirms included.
+	// Messages without a confirm by then are released, not marked.
+	// Defaults to 10s. Must be shorter than Lease.
+	PublishTimeout time.Duration
+
+	// PurgeAfter, when set, makes the relay purge published messages older
+	// than this, every PurgeInterval. Defaults to 0: no purging.
+	PurgeAfter time.Duration
+
+	// PurgeInterval is how often the relay purges when PurgeAfter is set.
+	// Defaults to 1h.
+	PurgeInterval time.Duration
+
+	// ShutdownTimeout bounds how long Run, once its context ends, waits for
+	// the confirms of the batch in flight before it releases what is
+	// unconfirmed. Defaults to 10s.
+	ShutdownTimeout time.Duration
+
+	// Wakeup, when not nil, makes the relay look for work at once whenever a
+	// value arrives, instead of at the next poll. Feed it from LISTEN/NOTIFY
+	// (see package pgwake) or from your own code after a commit.
+	Wakeup <-chan struct{}
+}
+
+func (c *Config) withDefaults() Config {
+	return Config{
+		BackoffMax:      cmp.Or(c.BackoffMax, BackoffMaxDefault),
+		BatchSize:       cmp.Or(c.BatchSize, BatchSizeDefault),
+		Lease:           cmp.Or(c.Lease, LeaseDefault),
+		Logger:          cmp.Or(c.Logger, slog.Default()),
+		PollInterval:    cmp.Or(c.PollInterval, PollIntervalDefault),
+		PublishTimeout:  cmp.Or(c.PublishTimeout, PublishTimeoutDefault),
+		PurgeAfter:      c.PurgeAfter,
+		PurgeInterval:   cmp.Or(c.PurgeInterval, PurgeIntervalDefault),
+		ShutdownTimeout: cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault),
+		Wakeup:          c.Wakeup,
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.BatchSize < 1:
+		return fmt.Errorf("relay: Config.BatchSize must be at least 1 (got %d)", c.BatchSize)
+	case c.BackoffMax < backoffMin:
+		return fmt.Errorf("relay: Config.BackoffMax must be at least %s (got %s)", backoffMin, c.BackoffMax)
+	case c.Lease < time.Millisecond:
+		return fmt.Errorf("relay: Config.Lease must be at least 1ms (got %s)", c.Lease)
+	case c.PollInterval <= 0:
+		return fmt.Errorf("relay: Config.PollInterval must be positive (got %s)", c.PollInterval)
+	case c.PublishTimeout <= 0:
+		return fmt.Errorf("relay: Config.PublishTimeout must be positive (got %s)", c.PublishTimeout)
+	case c.PublishTimeout >= c.Lease:
+		return fmt.Errorf("relay: Config.PublishTimeout (%s) must be shorter than Config.Lease (%s), or another relay may take a batch while it is still being published", c.PublishTimeout, c.Lease)
+	case c.PurgeAfter < 0:
+		return fmt.Errorf("relay: Config.PurgeAfter must not be negative (got %s)", c.PurgeAfter)
+	case c.PurgeInterval <= 0:
+		return fmt.Errorf("relay: Config.PurgeInterval must be positive (got %s)", c.PurgeInterval)
+	case c.ShutdownTimeout <= 0:
+		return fmt.Errorf("relay: Config.ShutdownTimeout must be positive (got %s)", c.ShutdownTimeout)
+	}
+	return nil
+}
+
+// Relay moves messages from an outbox Store to a Publisher: it claims a
+// batch, publishes it, and marks each message published, failed or released,
+// over and over until its context ends. Several relays, in one process or
+// many, can work on the same table.
+type Relay struct {
+	store   Store
+	pub     Publisher
+	cfg     Config
+	logger  *slog.Logger
+	running atomic.Bool
+	stats   counters
+}
+
+type counters struct {
+	batches, published, failed, released, leasesLost, purged atomic.Int64
+}
+
+// Stats are a relay's running totals since it was created.
+type Stats struct {
+	Batches    int64 // batches claimed (non-empty)
+	Published  int64 // messages confirmed and marked published
+	Failed     int64 // messages marked failed (an attempt counted)
+	Released   int64 // messages given back without an attempt (broker faults, shutdown)
+	LeasesLost int64 // messages whose claim had passed to another relay when marked
+	Purged     int64 // published messages purged
+}
+
+// New returns a relay that takes messages from store and hands them to pub.
+// The caller keeps ownership of pub and closes it after Run returns.
+func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
+	if store == nil {
+		return nil, errors.New("relay: New: store is nil")
+	}
+	if pub == nil {
+		return nil, errors.New("relay: New: publisher is nil")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger}, nil
+}
+
+// Stats returns the relay's running totals.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Batches:    r.stats.batches.Load(),
+		Published:  r.stats.published.Load(),
+		Failed:     r.stats.failed.Load(),
+		Released:   r.stats.released.Load(),
+		LeasesLost: r.stats.leasesLost.Load(),
+		Purged:     r.stats.purged.Load(),
+	}
+}
+
+// Run relays messages until ctx ends, then shuts down gracefully: it claims
+// nothing more, waits up to Config.ShutdownTimeout for the confirms of the
+// batch in flight, marks what was confirmed and releases the rest so that
+// another relay can take it at once. It returns nil after such a shutdown.
+//
+// Failures of the database or the broker do not stop Run: it logs them and
+// tries again after a jittered backoff. Run returns an error only when it is
+// already running.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("relay: Run called while the relay is already running")
+	}
+	defer r.running.Store(false)
+	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
+
+	var (
+		failures  int
+		lastPurge time.Time
+		timer     = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		if ctx.Err() != nil {
+			r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
+			return nil
+		}
+		if r.cfg.PurgeAfter > 0 && time.Since(lastPurge) >= r.cfg.PurgeInterval {
+			lastPurge = time.Now()
+			r.purge(ctx)
+		}
+		res, err := r.runOnce(ctx)
+		var wait time.Duration
+		switch {
+		case ctx.Err() != nil:
+			continue
+		case err != nil:
+			failures++
+			wait = backoff(failures, r.cfg.BackoffMax)
+			r.logger.ErrorContext(ctx, "relay: Claiming failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		case res.brokerFaults > 0:
+			failures++
+			wait = backoff(failures, r.cfg.BackoffMax)
+			r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
+				slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr), slog.Duration("retry_in", wait))
+		case res.claimed == r.cfg.BatchSize:
+			failures = 0
+			continue // a full batch: there is probably more, go on at once
+		default:
+			failures = 0
+			wait = r.cfg.PollInterval
+		}
+		timer.Reset(wait)
+		wakeup := r.cfg.Wakeup
+		if failures > 0 {
+			wakeup = nil // a backoff is not cut short by new work
+		}
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+		case <-timer.C:
+		case <-wakeup:
+			timer.Stop()
+		}
+	}
+}
+
+type result struct {
+	claimed      int
+	brokerFaults int
+	brokerErr    string
+}
+
+// runOnce claims one batch, publishes it and settles every message.
+func (r *Relay) runOnce(ctx context.Context) (result, error) {
+	msgs, err := r.store.Claim(ctx, r.cfg.BatchSize, r.cfg.Lease)
+	if err != nil {
+		return result{}, err
+	}
+	res := result{claimed: len(msgs)}
+	if len(msgs) == 0 {
+		return res, nil
+	}
+	r.stats.batches.Add(1)
+	settleCtx, cancelSettle := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancelSettle()
+	if ctx.Err() != nil {
+		r.release(settleCtx, msgs)
+		return res, nil
+	}
+
+	// The batch is published on a context of its own: shutdown must not cut
+	// a publish short, only bound how long its confirms are awaited.
+	pubCtx, cancelPub := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	defer cancelPub()
+	var shutdownTimer atomic.Pointer[time.Timer]
+	stop := context.AfterFunc(ctx, func() {
+		shutdownTimer.Store(time.AfterFunc(r.cfg.ShutdownTimeout, cancelPub))
+	})
+	errs := r.pub.Publish(pubCtx, msgs)
+	stop()
+	if t := shutdownTimer.Load(); t != nil {
+		t.Stop()
+	}
+	if len(errs) != len(msgs) {
+		r.logger.ErrorContext(ctx, "relay: Publisher returned a wrong number of results; releasing the batch",
+			slog.Int("num_messages", len(msgs)), slog.Int("num_results", len(errs)))
+		r.release(settleCtx, msgs)
+		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: "publisher returned a wrong number of results"}, nil
+	}
+
+	var published, broker []outbox.Message
+	type failure struct {
+		msg    outbox.Message
+		reason string
+	}
+	var failed []failure
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			published = append(published, msgs[i])
+		case errors.Is(err, ErrBrokerUnavailable):
+			broker = append(broker, msgs[i])
+			if res.brokerErr == "" {
+				res.brokerErr = err.Error()
+			}
+		default:
+			reason := err.Error()
+			var pe *PublishError
+			if errors.As(err, &pe) {
+				reason = pe.Reason
+			}
+			failed = append(failed, failure{msgs[i], reason})
+		}
+	}
+	res.brokerFaults = len(broker)
+
+	// Published first: it is what prevents a duplicate. Then failures, then
+	// releases.
+	if len(published) > 0 {
+		err := r.store.MarkPublished(settleCtx, published...)
+		r.stats.published.Add(r.settled(settleCtx, "marking published", len(published), err))
+	}
+	for _, f := range failed {
+		r.logger.WarnContext(ctx, "relay: Message failed", slog.String("outbox_id", f.msg.ID),
+			slog.String("event_type", f.msg.EventType), slog.Int("attempt", f.msg.Attempts+1), slog.String("error", f.reason))
+		err := r.store.MarkFailed(settleCtx, f.msg, f.reason)
+		r.stats.failed.Add(r.settled(settleCtx, "marking failed", 1, err))
+	}
+	r.release(settleCtx, broker)
+	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
+		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)))
+	return res, nil
+}
+
+func (r *Relay) release(ctx context.Context, msgs []outbox.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	err := r.store.Release(ctx, msgs...)
+	r.stats.released.Add(r.settled(ctx, "releasing", len(msgs), err))
+}
+
+// settled counts lost leases and logs a marking error, and returns how many
+// of the n messages were settled. A lost lease means another relay has the
+// message now; any other error leaves the messages claimed until their lease
+// ends, after which they are published again: a duplicate, never a loss.
+func (r *Relay) settled(ctx context.Context, what string, n int, err error) int64 {
+	if err == nil {
+		return int64(n)
+	}
+	var lost *outbox.LeaseLostError
+	if errors.As(err, &lost) {
+		r.stats.leasesLost.Add(int64(len(lost.IDs)))
+		return int64(n - len(lost.IDs)) // the store has logged it
+	}
+	r.logger.ErrorContext(ctx, "relay: Settling a batch failed; its messages will be retried after the lease",
+		slog.String("operation", what), slog.Int("num_messages", n), slog.String("error", err.Error()))
+	return 0
+}
+
+func (r *Relay) purge(ctx context.Context) {
+	p, ok := r.store.(Purger)
+	if !ok {
+		return
+	}
+	n, err := p.PurgePublished(ctx, r.cfg.PurgeAfter)
+	r.stats.purged.Add(n)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		r.logger.ErrorContext(ctx, "relay: Purging published messages failed", slog.String("error", err.Error()))
+	case n > 0:
+		r.logger.InfoContext(ctx, "relay: Purged published messages", slog.Int64("num_purged", n), slog.Duration("older_than", r.cfg.PurgeAfter))
+	}
+}
+
+// backoff returns the n-th wait (n ≥ 1): doubling from 100ms up to limit,
+// each between half and all of its nominal value.
+func backoff(n int, limit time.Duration) time.Duration {
+	d := limit
+	if n < 30 {
+		if v := backoffMin << (n - 1); v < limit {
+			d = v
+		}
+	}
+	return d/2 + rand.N(d/2+1)
+}

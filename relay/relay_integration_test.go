@@ -1,0 +1,383 @@
+package relay_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/relay"
+)
+
+// testBundle is one test's world: its own outbox table, exchange, queue and
+// consumer, on the real PostgreSQL and RabbitMQ.
+type testBundle struct {
+	db       *sql.DB
+	store    *outbox.Store
+	top      amqptest.Topology
+	consumer *amqptest.Consumer
+}
+
+func setup(t *testing.T, cfg *outbox.StoreConfig, bindingKeys ...string) *testBundle {
+	t.Helper()
+	conn := amqptest.Conn(t)
+	top := amqptest.Declare(t, conn, bindingKeys...)
+	if cfg == nil {
+		cfg = &outbox.StoreConfig{}
+	}
+	cfg.Table = dbtest.Table(t)
+	cfg.Router = outbox.ToExchange(top.Exchange)
+	cfg.Logger = dbtest.Logger(t)
+	db := dbtest.DB(t)
+	store, err := outbox.NewStore(db, cfg)
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	return &testBundle{db: db, store: store, top: top, consumer: amqptest.Consume(t, conn, top.Queue)}
+}
+
+// write commits n events, perTx to a transaction, and returns their ids.
+func (b *testBundle) write(t *testing.T, n, perTx int, event func(i int) outbox.Event) {
+	t.Helper()
+	ctx := context.Background()
+	for start := 0; start < n; start += perTx {
+		tx, err := b.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		var evts []outbox.Event
+		for i := start; i < min(start+perTx, n); i++ {
+			evts = append(evts, event(i))
+		}
+		require.NoError(t, b.store.Add(ctx, tx, evts...))
+		require.NoError(t, tx.Commit())
+	}
+}
+
+func (b *testBundle) ids(t *testing.T, where string) map[string]bool {
+	t.Helper()
+	q := `SELECT id FROM "` + b.store.Table() + `"`
+	if where != "" {
+		q += " WHERE " + where
+	}
+	rows, err := b.db.QueryContext(context.Background(), q)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		out[id] = true
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (b *testBundle) count(t *testing.T, where string) int64 {
+	t.Helper()
+	return dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.store.Table()+`" WHERE `+where)
+}
+
+func (b *testBundle) pending(t *testing.T) int64 {
+	t.Helper()
+	n, err := b.store.Pending(context.Background())
+	require.NoError(t, err)
+	return n
+}
+
+func small(i int) outbox.Event {
+	return outbox.Event{Type: "order.placed", Key: fmt.Sprintf("order-%d", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}
+}
+
+func newPublisher(t *testing.T, cfg *relay.AMQPConfig) *relay.AMQPPublisher {
+	t.Helper()
+	if cfg == nil {
+		cfg = &relay.AMQPConfig{}
+	}
+	if cfg.URL == "" && len(cfg.URLs) == 0 {
+		cfg.URL = amqptest.URL()
+	}
+	cfg.Logger = dbtest.Logger(t)
+	pub, err := relay.NewAMQPPublisher(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pub.Close()) })
+	return pub
+}
+
+// start runs a relay until the test ends (or stop is called) and returns
+// the relay and a stop function that waits for Run to return.
+func start(t *testing.T, store relay.Store, pub relay.Publisher, cfg *relay.Config) (*relay.Relay, func()) {
+	t.Helper()
+	if cfg == nil {
+		cfg = &relay.Config{}
+	}
+	cfg.Logger = dbtest.Logger(t)
+	r, err := relay.New(store, pub, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+	t.Cleanup(stop)
+	return r, stop
+}
+
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	b := setup(t, nil)
+	b.write(t, n, 100, small)
+	want := b.ids(t, "")
+	require.Len(t, want, n)
+
+	r, _ := start(t, b.store, newPublisher(t, nil), &relay.Config{BatchSize: 500, PollInterval: 50 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, 2*time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+
+	got := b.consumer.IDs()
+	require.Len(t, got, n)
+	for id := range want {
+		require.Contains(t, got, id)
+	}
+	require.Equal(t, n, b.consumer.Total(), "no duplicates in a run without faults")
+	require.EqualValues(t, n, r.Stats().Published)
+
+	d := b.consumer.Last()
+	require.True(t, want[d.MessageId], "message id is the outbox id")
+	require.Equal(t, "order.placed", d.Type)
+	require.Equal(t, outbox.ContentTypeDefault, d.ContentType)
+	require.Equal(t, amqp.Persistent, d.DeliveryMode)
+	require.Equal(t, "order.placed", d.RoutingKey)
+	require.Regexp(t, `^order-\d+$`, d.Headers[relay.KeyHeader])
+	require.WithinDuration(t, time.Now(), d.Timestamp, 5*time.Minute)
+}
+
+func TestUnroutableMessageFailsAndParks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &outbox.StoreConfig{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }}, "routed.#")
+	b.write(t, 20, 20, func(i int) outbox.Event {
+		if i == 7 {
+			return outbox.Event{Type: "routed.odd", RoutingKey: "nowhere.at.all"}
+		}
+		return outbox.Event{Type: "routed.ok", Payload: []byte("{}")}
+	})
+	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond})
+
+	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 19 }, 30*time.Second, 20*time.Millisecond)
+	var lastError string
+	var attempts int
+	require.NoError(t, b.db.QueryRow(`SELECT last_error, attempts FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError, &attempts))
+	require.Contains(t, lastError, "unroutable")
+	require.Contains(t, lastError, `routing key "nowhere.at.all"`)
+	require.Equal(t, 3, attempts)
+	require.EqualValues(t, 1, b.count(t, "published_at IS NULL"), "the unroutable message is never marked published")
+	require.EqualValues(t, 0, b.count(t, "published_at IS NOT NULL AND attempts > 0"))
+
+	// More work after the failures still flows.
+	b.write(t, 5, 5, func(int) outbox.Event { return outbox.Event{Type: "routed.more"} })
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 24 }, 30*time.Second, 20*time.Millisecond)
+}
+
+func TestMissingExchangeFailsAndChannelRecovers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &outbox.StoreConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+	missing := amqptest.Name(t, "missing")
+	b.write(t, 30, 30, func(i int) outbox.Event {
+		if i == 10 {
+			return outbox.Event{Type: "lost.event", Exchange: missing}
+		}
+		return small(i)
+	})
+	r, _ := start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond})
+
+	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 29 }, 30*time.Second, 20*time.Millisecond)
+	var lastError string
+	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+	require.Contains(t, lastError, fmt.Sprintf("exchange %q does not exist", missing))
+	require.EqualValues(t, 0, b.count(t, "published_at IS NOT NULL AND attempts > 0"),
+		"messages that shared the closed channel are released, not failed")
+	require.Positive(t, r.Stats().Released)
+
+	b.write(t, 10, 10, small)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 39 }, 30*time.Second, 20*time.Millisecond)
+}
+
+func TestConnectionCutMidStream(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	b := setup(t, nil)
+	b.write(t, n, 500, small)
+	proxy := amqptest.NewProxy(t, strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@"))
+	r, _ := start(t, b.store, newPublisher(t, &relay.AMQPConfig{URL: proxy.URL()}),
+		&relay.Config{BatchSize: 50, PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+
+	// Cut the connection three times while messages are flowing.
+	for _, at := range []int{500, 1200, 2000} {
+		require.Eventually(t, func() bool { return b.consumer.Distinct() >= at }, time.Minute, 5*time.Millisecond)
+		proxy.Cut()
+	}
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, 3, proxy.Cuts())
+	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "an outage burns no attempts")
+	t.Logf("delivered %d distinct, %d deliveries (%d duplicates); relay stats %+v",
+		b.consumer.Distinct(), b.consumer.Total(), b.consumer.Total()-b.consumer.Distinct(), r.Stats())
+}
+
+func TestBrokerClosesConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.write(t, 200, 100, small)
+	name := amqptest.Name(t, "relay")
+	start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}),
+		&relay.Config{PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 200 }, time.Minute, 5*time.Millisecond)
+
+	// The broker closes the relay's connection (320 CONNECTION_FORCED), as
+	// an operator or a node shutting down would; the relay must notice and
+	// come back for the next messages.
+	for round := 1; round <= 2; round++ {
+		require.Equal(t, 1, amqptest.CloseNamedConnections(t, name), "round %d", round)
+		b.write(t, 200, 100, small)
+		require.Eventually(t, func() bool { return b.consumer.Distinct() == 200*(round+1) }, time.Minute, 20*time.Millisecond)
+	}
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "a connection the broker closed burns no attempts")
+}
+
+func TestTwoRelaysOneTable(t *testing.T) {
+	t.Parallel()
+	const n = 5000
+	b := setup(t, nil)
+	b.write(t, n, 250, small)
+	other, err := outbox.NewStore(dbtest.NewDB(t), &outbox.StoreConfig{Table: b.store.Table(), Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	cfg := func() *relay.Config { return &relay.Config{BatchSize: 100, PollInterval: 10 * time.Millisecond} }
+	r1, _ := start(t, b.store, newPublisher(t, nil), cfg())
+	r2, _ := start(t, other, newPublisher(t, nil), cfg())
+
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, n, b.consumer.Total(), "no message published twice while leases hold")
+	require.Eventually(t, func() bool { return r1.Stats().Published+r2.Stats().Published == n }, 10*time.Second, 10*time.Millisecond)
+	s1, s2 := r1.Stats(), r2.Stats()
+	require.Positive(t, s1.Published, "both relays worked")
+	require.Positive(t, s2.Published, "both relays worked")
+	require.Zero(t, s1.LeasesLost+s2.LeasesLost)
+}
+
+// neverConfirms is a broker that takes messages and never confirms them.
+type neverConfirms struct{ calls chan int }
+
+func (p neverConfirms) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	p.calls <- len(msgs)
+	<-ctx.Done()
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		errs[i] = &relay.PublishError{ID: m.ID, Reason: "no confirm", BrokerFault: true, Err: ctx.Err()}
+	}
+	return errs
+}
+
+func (neverConfirms) Close() error { return nil }
+
+func TestGracefulShutdownReleasesClaims(t *testing.T) {
+	t.Parallel()
+	const n = 40
+	b := setup(t, nil)
+	b.write(t, n, n, small)
+	stuck := neverConfirms{calls: make(chan int, 1)}
+	first, stopFirst := start(t, b.store, stuck, &relay.Config{BatchSize: n, Lease: time.Hour, ShutdownTimeout: 100 * time.Millisecond})
+	require.Equal(t, n, <-stuck.calls)
+	require.EqualValues(t, n, b.count(t, "claimed_until > now() + interval '50 minutes'"), "claimed for an hour")
+
+	stopFirst()
+	require.EqualValues(t, n, first.Stats().Released)
+	require.EqualValues(t, 0, b.count(t, "claim_token IS NOT NULL OR attempts > 0"), "released without an attempt")
+
+	// A second relay takes the batch long before the hour-long lease would end.
+	start(t, b.store, newPublisher(t, nil), &relay.Config{Lease: time.Hour})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+}
+
+func TestOversizedMessage(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OverTheConfiguredLimit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &outbox.StoreConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+		b.write(t, 10, 10, func(i int) outbox.Event {
+			if i == 3 {
+				return outbox.Event{Type: "big.one", Payload: make([]byte, 100<<10)}
+			}
+			return small(i)
+		})
+		start(t, b.store, newPublisher(t, &relay.AMQPConfig{MaxMessageSize: 64 << 10}), &relay.Config{PollInterval: 10 * time.Millisecond})
+		require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool { return b.consumer.Distinct() == 9 }, 30*time.Second, 20*time.Millisecond)
+		var lastError string
+		require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+		require.Contains(t, lastError, "message body is 102400 bytes, larger than the 65536 bytes the broker accepts")
+	})
+
+	t.Run("OverTheBrokersLimit", func(t *testing.T) {
+		t.Parallel()
+		// The broker's own limit, lowered for channels opened from now on;
+		// other tests send far smaller messages.
+		amqptest.SetMaxMessageSize(t, 1<<20)
+		b := setup(t, &outbox.StoreConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+		b.write(t, 10, 10, func(i int) outbox.Event {
+			if i == 3 {
+				return outbox.Event{Type: "big.one", Payload: make([]byte, 2<<20)}
+			}
+			return small(i)
+		})
+		start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond})
+		require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool { return b.consumer.Distinct() == 9 }, 30*time.Second, 20*time.Millisecond)
+		var lastError string
+		require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+		require.Contains(t, lastError, "larger than the 1048576 bytes the broker accepts (its max_message_size, learned from a refusal)")
+		require.EqualValues(t, 0, b.count(t, "published_at IS NOT NULL AND attempts > 0"))
+	})
+}
+
+func TestPublisherErrorsNeverShowCredentials(t *testing.T) {
+	t.Parallel()
+	_, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: "http://user:s3cret@host/"})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
+
+	pub := newPublisher(t, &relay.AMQPConfig{URL: "amqp://guest:s3cret@127.0.0.1:5672/", URLs: []string{"amqp://u:s3cret@127.0.0.1:1/"}, DialTimeout: time.Second})
+	errs := pub.Publish(context.Background(), []outbox.Message{{ID: "m1", RoutingKey: "x"}})
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], relay.ErrBrokerUnavailable)
+	require.NotContains(t, errs[0].Error(), "s3cret")
+	require.Contains(t, errs[0].Error(), "amqp://127.0.0.1:5672/", "says which node failed")
+	require.Contains(t, errs[0].Error(), "amqp://127.0.0.1:1/", "tries every node")
+}
+
+func TestClusterNodesTriedInTurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.write(t, 10, 10, small)
+	// The first node is down; the second is the real broker.
+	pub := newPublisher(t, &relay.AMQPConfig{URLs: []string{"amqp://guest:guest@127.0.0.1:1/", amqptest.URL()}, DialTimeout: time.Second})
+	start(t, b.store, pub, &relay.Config{PollInterval: 10 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 10 }, 30*time.Second, 20*time.Millisecond)
+}

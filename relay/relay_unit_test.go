@@ -1,0 +1,299 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// fakeStore hands out queued batches and records every call in order.
+type fakeStore struct {
+	mu      sync.Mutex
+	batches [][]outbox.Message
+	calls   []string
+	lost    map[string]bool
+	claims  int
+}
+
+func (s *fakeStore) push(msgs ...outbox.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batches = append(s.batches, msgs)
+}
+
+func (s *fakeStore) Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claims++
+	if len(s.batches) == 0 {
+		return nil, nil
+	}
+	b := s.batches[0]
+	s.batches = s.batches[1:]
+	s.calls = append(s.calls, "claim "+join(b))
+	return b, nil
+}
+
+func (s *fakeStore) fence(op string, msgs []outbox.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, op+" "+join(msgs))
+	var lost []string
+	for _, m := range msgs {
+		if s.lost[m.ID] {
+			lost = append(lost, m.ID)
+		}
+	}
+	if lost != nil {
+		return &outbox.LeaseLostError{IDs: lost}
+	}
+	return nil
+}
+
+func (s *fakeStore) MarkPublished(_ context.Context, msgs ...outbox.Message) error {
+	return s.fence("published", msgs)
+}
+
+func (s *fakeStore) MarkFailed(_ context.Context, m outbox.Message, reason string) error {
+	return s.fence("failed("+reason+")", []outbox.Message{m})
+}
+
+func (s *fakeStore) Release(_ context.Context, msgs ...outbox.Message) error {
+	return s.fence("release", msgs)
+}
+
+func (s *fakeStore) log() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.calls...)
+}
+
+func (s *fakeStore) claimCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.claims
+}
+
+func join(msgs []outbox.Message) string {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	return strings.Join(ids, ",")
+}
+
+func msgs(ids ...string) []outbox.Message {
+	out := make([]outbox.Message, len(ids))
+	for i, id := range ids {
+		out[i] = outbox.Message{ID: id}
+	}
+	return out
+}
+
+func newTestRelay(t *testing.T, store Store, pub Publisher, cfg *Config) *Relay {
+	t.Helper()
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	cfg.Logger = dbtest.Logger(t)
+	r, err := New(store, pub, cfg)
+	require.NoError(t, err)
+	return r
+}
+
+func TestRunOnceSettlesInOrder(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a", "b", "c", "d", "e")...)
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
+		return []error{
+			nil,
+			messageFault("b", "unroutable"),
+			brokerFault("c", "connection lost", nil),
+			nil,
+			errors.New("custom publisher failure"),
+		}
+	})
+	r := newTestRelay(t, store, pub, &Config{BatchSize: 5})
+	res, err := r.runOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, result{claimed: 5, brokerFaults: 1, brokerErr: "relay: message c not published: connection lost"}, res)
+	require.Equal(t, []string{
+		"claim a,b,c,d,e",
+		"published a,d",
+		"failed(unroutable) b",
+		"failed(custom publisher failure) e",
+		"release c",
+	}, store.log())
+	require.Equal(t, Stats{Batches: 1, Published: 2, Failed: 2, Released: 1}, r.Stats())
+}
+
+func TestRunOnceCountsLostLeases(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{lost: map[string]bool{"b": true, "c": true}}
+	store.push(msgs("a", "b", "c")...)
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
+		return []error{nil, nil, messageFault("c", "nack")}
+	})
+	r := newTestRelay(t, store, pub, nil)
+	_, err := r.runOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []string{"claim a,b,c", "published a,b", "failed(nack) c"}, store.log())
+	require.Equal(t, Stats{Batches: 1, Published: 1, Failed: 0, LeasesLost: 2}, r.Stats())
+}
+
+func TestRunOnceWrongResultCountReleases(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a", "b")...)
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return []error{nil} })
+	r := newTestRelay(t, store, pub, nil)
+	res, err := r.runOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, res.brokerFaults)
+	require.Equal(t, []string{"claim a,b", "release a,b"}, store.log(), "nothing may be marked published on a malformed answer")
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	for n := 1; n <= 40; n++ {
+		nominal := min(backoffMin<<min(n-1, 30), 5*time.Second)
+		if n > 30 {
+			nominal = 5 * time.Second
+		}
+		for range 20 {
+			d := backoff(n, 5*time.Second)
+			require.GreaterOrEqual(t, d, nominal/2, "attempt %d", n)
+			require.LessOrEqual(t, d, nominal, "attempt %d", n)
+		}
+	}
+}
+
+func TestRunLoopsWithoutSleepingOnFullBatches(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	for i := range 3 {
+		store.push(msgs(fmt.Sprint(i, "a"), fmt.Sprint(i, "b"))...)
+	}
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
+	r := newTestRelay(t, store, pub, &Config{BatchSize: 2, PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	// With an hour between polls, only a relay that goes on at once after a
+	// full batch gets through all three.
+	require.Eventually(t, func() bool { return r.Stats().Published == 6 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return store.claimCount() == 4 }, 5*time.Second, 5*time.Millisecond, "the 4th claim finds nothing")
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func TestRunWakesUpOnSignal(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	wake := make(chan struct{}, 1)
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
+	r := newTestRelay(t, store, pub, &Config{PollInterval: time.Hour, Wakeup: wake})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return store.claimCount() == 1 }, 5*time.Second, 5*time.Millisecond)
+	store.push(msgs("late")...)
+	wake <- struct{}{}
+	require.Eventually(t, func() bool { return r.Stats().Published == 1 }, 5*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.ErrorContains(t, func() error {
+		r2 := newTestRelay(t, store, pub, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { _ = r2.Run(ctx) }()
+		require.Eventually(t, func() bool { return r2.running.Load() }, 5*time.Second, time.Millisecond)
+		return r2.Run(ctx)
+	}(), "already running")
+}
+
+func TestRunShutdownReleasesUnconfirmed(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a", "b")...)
+	started := make(chan struct{})
+	// A broker that never confirms: the publisher waits for its context.
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
+		close(started)
+		<-ctx.Done()
+		errs := make([]error, len(m))
+		for i := range m {
+			errs[i] = brokerFault(m[i].ID, "no confirm", ctx.Err())
+		}
+		return errs
+	})
+	r := newTestRelay(t, store, pub, &Config{ShutdownTimeout: 50 * time.Millisecond, PublishTimeout: 20 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	<-started
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within ShutdownTimeout of cancellation")
+	}
+	require.Equal(t, []string{"claim a,b", "release a,b"}, store.log())
+}
+
+func TestRunShutdownMarksWhatWasConfirmed(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a", "b")...)
+	ctx, cancel := context.WithCancel(context.Background())
+	// Shutdown begins while the batch is in flight; its confirms still arrive.
+	pub := PublisherFunc(func(pubCtx context.Context, m []outbox.Message) []error {
+		cancel()
+		require.NoError(t, pubCtx.Err(), "a publish in flight is not cut short by shutdown")
+		return make([]error, len(m))
+	})
+	r := newTestRelay(t, store, pub, nil)
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, []string{"claim a,b", "published a,b"}, store.log())
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	store, pub := &fakeStore{}, PublisherFunc(nil)
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{BatchSize: -1}, "Config.BatchSize"},
+		{Config{Lease: time.Second, PublishTimeout: 2 * time.Second}, "Config.PublishTimeout (2s) must be shorter than Config.Lease (1s)"},
+		{Config{PollInterval: -time.Second}, "Config.PollInterval"},
+		{Config{BackoffMax: time.Millisecond}, "Config.BackoffMax"},
+		{Config{PurgeAfter: -time.Second}, "Config.PurgeAfter"},
+		{Config{ShutdownTimeout: -time.Second}, "Config.ShutdownTimeout"},
+	} {
+		_, err := New(store, pub, &tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+	_, err := New(nil, pub, nil)
+	require.ErrorContains(t, err, "store is nil")
+	_, err = New(store, nil, nil)
+	require.ErrorContains(t, err, "publisher is nil")
+	r, err := New(store, pub, nil)
+	require.NoError(t, err)
+	require.Equal(t, BatchSizeDefault, r.cfg.BatchSize)
+	require.Equal(t, LeaseDefault, r.cfg.Lease)
+}
