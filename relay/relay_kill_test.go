@@ -1,0 +1,90 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/relay"
+)
+
+// slowSettle publishes through the real publisher, then dawdles before the
+// relay may mark the batch: a process killed now dies holding confirmed
+// but unmarked messages, the worst moment for a crash.
+type slowSettle struct{ relay.Publisher }
+
+func (p slowSettle) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := p.Publisher.Publish(ctx, msgs)
+	time.Sleep(150 * time.Millisecond)
+	return errs
+}
+
+// TestHelperRelayProcess is not a test: TestRelayKilledMidBatch runs the
+// test binary again with OUTBOX_HELPER_RELAY=1 to get a relay process it can
+// kill.
+func TestHelperRelayProcess(t *testing.T) {
+	if os.Getenv("OUTBOX_HELPER_RELAY") != "1" {
+		t.Skip("helper process of TestRelayKilledMidBatch, runs only as its subprocess")
+	}
+	db := dbtest.NewDB(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: os.Getenv("OUTBOX_HELPER_TABLE"), Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqptest.URL()})
+	require.NoError(t, err)
+	r, err := relay.New(store, slowSettle{pub}, &relay.Config{BatchSize: 100, Lease: 2 * time.Second, PublishTimeout: time.Second, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	_ = r.Run(context.Background()) // until SIGKILL
+}
+
+func TestRelayKilledMidBatch(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	b := setup(t, nil)
+	b.write(t, n, 500, small)
+
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "OUTBOX_HELPER_RELAY=1", "OUTBOX_HELPER_TABLE="+b.store.Table())
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("relay process output:\n%s", out.String())
+		}
+	})
+
+	require.Eventually(t, func() bool { return b.consumer.Distinct() >= 1000 }, time.Minute, 5*time.Millisecond)
+	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no shutdown, no release
+	killed = true
+	_ = cmd.Wait()
+	held := b.count(t, "claim_token IS NOT NULL AND published_at IS NULL")
+	require.Positive(t, held, "the process died holding a claimed batch")
+	delivered := b.consumer.Distinct()
+	require.Less(t, delivered, n)
+
+	// Another relay delivers the rest once the dead process's lease expires.
+	start(t, b.store, newPublisher(t, nil), &relay.Config{BatchSize: 100, PollInterval: 50 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+	got := b.consumer.IDs()
+	for id := range b.ids(t, "") {
+		require.Contains(t, got, id, "nothing lost")
+	}
+	dups := b.consumer.Total() - b.consumer.Distinct()
+	t.Logf("killed after %d of %d delivered, holding %d claimed rows; %d delivered twice (at least once: consumers deduplicate on the message id)",
+		delivered, n, held, dups)
+	require.LessOrEqual(t, dups, int(held), "only what the dead relay held can be delivered twice")
+}
