@@ -144,8 +144,8 @@ func Count(tb testing.TB, db *sql.DB, query string, args ...any) int64 {
 }
 
 // Main runs the tests of a package, then closes the shared pool and, if
-// everything passed, fails on leaked goroutines.
-func Main(m *testing.M) {
+// everything passed, fails on leaked goroutines other than those opts ignore.
+func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
 	sharedMu.Lock()
 	if shared != nil {
@@ -154,7 +154,7 @@ func Main(m *testing.M) {
 	}
 	sharedMu.Unlock()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: goroutines leaked by the tests: %v\n", err)
 			code = 1
 		}
