@@ -178,3 +178,24 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
 }
+
+// SchemaDB returns a pool of the test's own whose connections resolve
+// unqualified table names in a schema of the test's own (search_path), for
+// code such as ent's that cannot be told table names.
+func SchemaDB(tb testing.TB) (*sql.DB, string) {
+	tb.Helper()
+	schema := Schema(tb)
+	u, err := url.Parse(URL())
+	if err != nil {
+		tb.Fatalf("dbtest: TEST_DATABASE_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		tb.Fatalf("dbtest: opening %s: %v", Redact(u.String()), err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db, schema
+}

@@ -1,0 +1,229 @@
+package entoutbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+
+	"entgo.io/ent"
+	"entgo.io/ent/dialect"
+	entsql "entgo.io/ent/dialect/sql"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/entoutbox"
+	"github.com/acemq/outbox/entoutbox/internal/noexec"
+	"github.com/acemq/outbox/entoutbox/internal/testent"
+	"github.com/acemq/outbox/entoutbox/internal/testent/order"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+type testBundle struct {
+	client *testent.Client
+	ob     *entoutbox.Outbox
+	db     *sql.DB // the test's pool, search_path set to its schema
+	other  *sql.DB // another pool, to look from outside the transaction
+	schema string
+}
+
+func setup(t testing.TB) *testBundle {
+	t.Helper()
+	ctx := context.Background()
+	db, sch := dbtest.SchemaDB(t)
+	store, err := outbox.NewStore(db, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+
+	client := testent.NewClient(testent.Driver(entsql.OpenDB(dialect.Postgres, db)))
+	require.NoError(t, client.Schema.Create(ctx))
+	ob, err := entoutbox.New(nil)
+	require.NoError(t, err)
+	client.Use(entoutbox.Hook[*testent.Tx](ob))
+	return &testBundle{client: client, ob: ob, db: db, other: dbtest.DB(t), schema: sch}
+}
+
+// events returns "type/key" of the committed outbox rows, oldest first.
+func (b *testBundle) events(t *testing.T) []string {
+	t.Helper()
+	rows, err := b.other.Query(`SELECT event_type, event_key FROM ` + b.schema + `.outbox ORDER BY id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var typ, key string
+		require.NoError(t, rows.Scan(&typ, &key))
+		out = append(out, typ+"/"+key)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (b *testBundle) count(t *testing.T, table string) int64 {
+	t.Helper()
+	return dbtest.Count(t, b.other, `SELECT count(*) FROM `+b.schema+`.`+table)
+}
+
+func evt(typ, key string) outbox.Event { return outbox.Event{Type: typ, Key: key} }
+
+// orderRule emits "order.<op>" with the order's id for every order mutation.
+func orderRule(ctx context.Context, c entoutbox.Change) ([]outbox.Event, error) {
+	return []outbox.Event{{Type: "order." + c.Mutation.Op().String(), Key: fmt.Sprint(c.ID)}}, nil
+}
+
+func TestTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.ob.On("Order", ent.OpCreate, orderRule)
+
+	tx, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	o, err := tx.Order.Create().SetTotal(10).Save(entoutbox.WithEvents(ctx, evt("audit.logged", "rolled-back")))
+	require.NoError(t, err)
+	require.NotZero(t, o.ID)
+	require.Empty(t, b.events(t), "invisible to other connections before commit")
+	require.NoError(t, tx.Rollback())
+	require.Zero(t, b.count(t, "orders"))
+	require.Empty(t, b.events(t))
+
+	tx, err = b.client.Tx(ctx)
+	require.NoError(t, err)
+	o, err = tx.Order.Create().SetTotal(20).Save(entoutbox.WithEvents(ctx, evt("audit.logged", "committed")))
+	require.NoError(t, err)
+	require.NoError(t, b.ob.Publish(ctx, tx, evt("explicit.event", "x")))
+	require.NoError(t, tx.Commit())
+	require.EqualValues(t, 1, b.count(t, "orders"))
+	require.Equal(t, []string{"audit.logged/committed", fmt.Sprintf("order.OpCreate/%d", o.ID), "explicit.event/x"}, b.events(t))
+}
+
+func TestOutsideATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.ob.On("Order", ent.OpCreate, orderRule)
+
+	_, err := b.client.Order.Create().Save(ctx)
+	require.ErrorIs(t, err, outbox.ErrNoTransaction, "a rule matches: the create would carry an event")
+	_, err = b.client.Customer.Create().SetName("ann").Save(entoutbox.WithEvents(ctx, evt("customer.created", "ann")))
+	require.ErrorIs(t, err, outbox.ErrNoTransaction)
+	require.ErrorContains(t, err, "Customer OpCreate outside a transaction")
+	require.Zero(t, b.count(t, "orders"), "refused before the business write")
+	require.Zero(t, b.count(t, "customers"))
+
+	c, err := b.client.Customer.Create().SetName("bob").Save(ctx)
+	require.NoError(t, err, "mutations without events pass untouched")
+	require.Equal(t, "bob", c.Name)
+	require.NoError(t, b.client.Customer.UpdateOne(c).SetName("bobby").Exec(ctx))
+	require.Empty(t, b.events(t))
+
+	err = b.ob.Publish(ctx, b.client, evt("x", "y"))
+	require.ErrorIs(t, err, outbox.ErrNoTransaction)
+}
+
+func TestWithoutTheExecQueryFeature(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, sch := dbtest.SchemaDB(t)
+	client := noexec.NewClient(noexec.Driver(entsql.OpenDB(dialect.Postgres, db)))
+	require.NoError(t, client.Schema.Create(ctx))
+	ob, err := entoutbox.New(nil)
+	require.NoError(t, err)
+	client.Use(entoutbox.Hook[*noexec.Tx](ob))
+
+	tx, err := client.Tx(ctx)
+	require.NoError(t, err)
+	_, err = tx.Order.Create().Save(entoutbox.WithEvents(ctx, evt("order.placed", "1")))
+	require.ErrorIs(t, err, entoutbox.ErrNoExecContext)
+	require.ErrorContains(t, err, "--feature sql/execquery")
+	require.NoError(t, tx.Commit())
+	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM `+sch+`.orders`), "failed before the mutation ran")
+}
+
+func TestWithEventsWrittenOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tx, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	ctx = entoutbox.WithEvents(ctx, evt("checkout.completed", "c1"))
+	_, err = tx.Customer.Create().SetName("ann").Save(ctx)
+	require.NoError(t, err)
+	_, err = tx.Order.Create().Save(ctx)
+	require.NoError(t, err)
+	_, err = tx.Order.Create().Save(ctx)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, []string{"checkout.completed/c1"}, b.events(t))
+}
+
+func TestFailedMutationKeepsContextEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.ob.On("Order", ent.OpCreate, func(context.Context, entoutbox.Change) ([]outbox.Event, error) {
+		return nil, errors.New("rule refuses")
+	})
+	tx, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	ctx = entoutbox.WithEvents(ctx, evt("first", "1"))
+	_, err = tx.Order.Create().Save(ctx)
+	require.ErrorContains(t, err, "rule refuses")
+	require.NoError(t, tx.Rollback())
+	require.Zero(t, b.count(t, "orders"))
+	require.Empty(t, b.events(t))
+}
+
+func TestRules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.ob.On("Order", ent.OpCreate|ent.OpUpdateOne|ent.OpDeleteOne|ent.OpUpdate, orderRule)
+
+	tx, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	created, err := tx.Order.Create().Save(ctx)
+	require.NoError(t, err)
+	_, err = tx.Order.UpdateOneID(created.ID).SetStatus("paid").Save(ctx)
+	require.NoError(t, err)
+
+	bulk, err := tx.Order.CreateBulk(
+		tx.Order.Create().SetTotal(1), tx.Order.Create().SetTotal(2), tx.Order.Create().SetTotal(3),
+		tx.Order.Create().SetTotal(4), tx.Order.Create().SetTotal(5),
+	).Save(ctx)
+	require.NoError(t, err)
+	require.Len(t, bulk, 5)
+
+	n, err := tx.Order.Update().Where(order.TotalGTE(4)).SetStatus("big").Save(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NoError(t, tx.Order.DeleteOneID(created.ID).Exec(ctx))
+	require.NoError(t, tx.Commit())
+
+	want := []string{
+		fmt.Sprintf("order.OpCreate/%d", created.ID),
+		fmt.Sprintf("order.OpUpdateOne/%d", created.ID),
+	}
+	for _, o := range bulk { // creation order, not ent's reverse nesting order
+		want = append(want, fmt.Sprintf("order.OpCreate/%d", o.ID))
+	}
+	want = append(want,
+		fmt.Sprintf("order.OpUpdate/%d", bulk[3].ID), // one per affected row
+		fmt.Sprintf("order.OpUpdate/%d", bulk[4].ID),
+		fmt.Sprintf("order.OpDeleteOne/%d", created.ID),
+	)
+	got := b.events(t)
+	require.Equal(t, want[:7], got[:7])
+	require.ElementsMatch(t, want[7:9], got[7:9])
+	require.Equal(t, want[9], got[9])
+	require.Len(t, got, 10)
+}
+
+func TestInvalidConfig(t *testing.T) {
+	t.Parallel()
+	_, err := entoutbox.New(&entoutbox.Config{Table: "bad name"})
+	require.ErrorIs(t, err, outbox.ErrInvalidTable)
+}
