@@ -3,6 +3,7 @@ package outbox
 import (
 	"embed"
 	"fmt"
+	"hash/fnv"
 	"strings"
 )
 
@@ -132,4 +133,55 @@ CREATE INDEX IF NOT EXISTS "{name}_parked_idx" ON {table} (parked_at)
 CREATE INDEX IF NOT EXISTS "{name}_published_idx" ON {table} (published_at)
     WHERE published_at IS NOT NULL;
 `)
+}
+
+// NotifyChannel returns the PostgreSQL notification channel on which the
+// trigger of NotifySchema announces commits to the table.
+func NotifyChannel(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return t.channel(), nil
+}
+
+func (t table) channel() string {
+	ch := "outbox:" + t.full
+	if len(ch) > 63 { // a channel name is an identifier: at most 63 bytes
+		h := fnv.New32a()
+		h.Write([]byte(t.full))
+		ch = fmt.Sprintf("outbox:%s:%08x", t.full[:40], h.Sum32())
+	}
+	return ch
+}
+
+// NotifySchema returns DDL that makes every transaction inserting into the
+// outbox table send a notification on NotifyChannel when it commits, so a
+// relay can wake at once (see package pgwake) instead of at its next poll.
+// It is optional and not part of Schema, because it has a cost: PostgreSQL
+// serialises the commits of notifying transactions. Measured on a 2-core
+// machine, one writer lost 2% of its throughput and eight concurrent
+// writers lost half; see the README before turning it on for a write-heavy
+// table. The statements are idempotent.
+func NotifySchema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	fn := `"` + t.name + `_notify"`
+	if i := strings.IndexByte(t.quoted, '.'); i >= 0 {
+		fn = t.quoted[:i+1] + fn
+	}
+	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.name+`_notify"`, "{channel}", t.channel())
+	return r.Replace(`CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+CREATE TRIGGER {trigger} AFTER INSERT ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {fn}();
+`), nil
 }

@@ -18,7 +18,7 @@ const (
 	BackoffMaxDefault      = 30 * time.Second
 	BatchSizeDefault       = 100
 	LeaseDefault           = 30 * time.Second
-	PollIntervalDefault    = time.Second
+	PollIntervalDefault    = 250 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
 	PurgeIntervalDefault   = time.Hour
 	ShutdownTimeoutDefault = 10 * time.Second
@@ -46,7 +46,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// PollInterval is how long the relay sleeps when it found less than a
-	// full batch and nothing wakes it. Defaults to 1s.
+	// full batch and nothing wakes it: the longest a new message waits
+	// without Wakeup. A poll is one cheap query. Defaults to 250ms.
 	PollInterval time.Duration
 
 	// PublishTimeout bounds publishing one batch, confirms included.

@@ -27,7 +27,7 @@ type testBundle struct {
 	consumer *amqptest.Consumer
 }
 
-func setup(t *testing.T, cfg *outbox.StoreConfig, bindingKeys ...string) *testBundle {
+func setup(t testing.TB, cfg *outbox.StoreConfig, bindingKeys ...string) *testBundle {
 	t.Helper()
 	conn := amqptest.Conn(t)
 	top := amqptest.Declare(t, conn, bindingKeys...)
@@ -45,7 +45,7 @@ func setup(t *testing.T, cfg *outbox.StoreConfig, bindingKeys ...string) *testBu
 }
 
 // write commits n events, perTx to a transaction, and returns their ids.
-func (b *testBundle) write(t *testing.T, n, perTx int, event func(i int) outbox.Event) {
+func (b *testBundle) write(t testing.TB, n, perTx int, event func(i int) outbox.Event) {
 	t.Helper()
 	ctx := context.Background()
 	for start := 0; start < n; start += perTx {
@@ -60,7 +60,7 @@ func (b *testBundle) write(t *testing.T, n, perTx int, event func(i int) outbox.
 	}
 }
 
-func (b *testBundle) ids(t *testing.T, where string) map[string]bool {
+func (b *testBundle) ids(t testing.TB, where string) map[string]bool {
 	t.Helper()
 	q := `SELECT id FROM "` + b.store.Table() + `"`
 	if where != "" {
@@ -79,12 +79,12 @@ func (b *testBundle) ids(t *testing.T, where string) map[string]bool {
 	return out
 }
 
-func (b *testBundle) count(t *testing.T, where string) int64 {
+func (b *testBundle) count(t testing.TB, where string) int64 {
 	t.Helper()
 	return dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.store.Table()+`" WHERE `+where)
 }
 
-func (b *testBundle) pending(t *testing.T) int64 {
+func (b *testBundle) pending(t testing.TB) int64 {
 	t.Helper()
 	n, err := b.store.Pending(context.Background())
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func small(i int) outbox.Event {
 	return outbox.Event{Type: "order.placed", Key: fmt.Sprintf("order-%d", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}
 }
 
-func newPublisher(t *testing.T, cfg *relay.AMQPConfig) *relay.AMQPPublisher {
+func newPublisher(t testing.TB, cfg *relay.AMQPConfig) *relay.AMQPPublisher {
 	t.Helper()
 	if cfg == nil {
 		cfg = &relay.AMQPConfig{}
@@ -112,7 +112,7 @@ func newPublisher(t *testing.T, cfg *relay.AMQPConfig) *relay.AMQPPublisher {
 
 // start runs a relay until the test ends (or stop is called) and returns
 // the relay and a stop function that waits for Run to return.
-func start(t *testing.T, store relay.Store, pub relay.Publisher, cfg *relay.Config) (*relay.Relay, func()) {
+func start(t testing.TB, store relay.Store, pub relay.Publisher, cfg *relay.Config) (*relay.Relay, func()) {
 	t.Helper()
 	if cfg == nil {
 		cfg = &relay.Config{}

@@ -125,6 +125,12 @@ type Consumer struct {
 // Consume starts consuming queue on a channel of conn until the test ends.
 func Consume(tb testing.TB, conn *amqp.Connection, queue string) *Consumer {
 	tb.Helper()
+	return ConsumeFunc(tb, conn, queue, nil)
+}
+
+// ConsumeFunc is Consume that also calls fn, if not nil, for every delivery.
+func ConsumeFunc(tb testing.TB, conn *amqp.Connection, queue string, fn func(amqp.Delivery)) *Consumer {
+	tb.Helper()
 	ch, err := conn.Channel()
 	if err != nil {
 		tb.Fatalf("amqptest: opening channel: %v", err)
@@ -137,6 +143,9 @@ func Consume(tb testing.TB, conn *amqp.Connection, queue string) *Consumer {
 	go func() {
 		defer close(c.done)
 		for d := range deliveries {
+			if fn != nil {
+				fn(d)
+			}
 			c.mu.Lock()
 			c.ids[d.MessageId]++
 			c.total++
