@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// outboxCmd runs the CLI in-process with DATABASE_URL pointing at the test
+// database and returns its exit code, stdout and stderr.
+func outboxCmd(t *testing.T, vars map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string {
+		if v, ok := vars[k]; ok {
+			return v
+		}
+		if k == "DATABASE_URL" {
+			return dbtest.URL()
+		}
+		return ""
+	}
+	code := run(context.Background(), args, &stdout, &stderr, getenv)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestSchema(t *testing.T) {
+	t.Parallel()
+	table := dbtest.Table(t)
+	code, out, _ := outboxCmd(t, nil, "schema", "--table", table)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `CREATE TABLE IF NOT EXISTS "`+table+`"`)
+	require.NotContains(t, out, "pg_notify")
+
+	code, out, _ = outboxCmd(t, nil, "schema", "--table", table, "--notify")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "pg_notify('outbox:"+table+"'")
+
+	code, out, _ = outboxCmd(t, nil, "schema", "--table", table, "--apply")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "table "+table+" is ready")
+	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM "`+table+`"`))
+
+	code, _, errOut := outboxCmd(t, nil, "schema", "--table", "x; DROP TABLE y")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "invalid table name")
+}
+
+func TestOperatorCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}, outbox.Event{Type: "c"}, outbox.Event{Type: "d"}))
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 3, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, store.MarkFailed(ctx, msgs[0], "exchange \"x\" does not exist"))
+	require.NoError(t, store.MarkFailed(ctx, msgs[1], "unroutable"))
+	require.NoError(t, store.MarkPublished(ctx, msgs[2]))
+	_, err = db.ExecContext(ctx, `UPDATE "`+table+`" SET published_at = now() - interval '3 hours' WHERE published_at IS NOT NULL`)
+	require.NoError(t, err)
+
+	code, out, _ := outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `pending\s+3\n`, out)
+	require.Regexp(t, `parked\s+2\n`, out)
+	require.Contains(t, out, "outbox parked --table "+table)
+
+	code, out, _ = outboxCmd(t, nil, "parked", "--table", table)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, msgs[0].ID)
+	require.Contains(t, out, msgs[1].ID)
+	require.Contains(t, out, `exchange "x" does not exist`)
+
+	code, out, _ = outboxCmd(t, nil, "retry", "--table", table, msgs[0].ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "re-armed 1 parked message(s)")
+	code, out, _ = outboxCmd(t, nil, "retry", "--table", table, "--all-parked")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "re-armed 1 parked message(s)")
+	code, _, _ = outboxCmd(t, nil, "retry", "--table", table)
+	require.Equal(t, 2, code, "neither ids nor --all-parked")
+
+	code, out, _ = outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1h")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "purged 1 published message(s)")
+	require.EqualValues(t, 3, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`"`))
+	code, _, errOut := outboxCmd(t, nil, "purge", "--table", table)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--older-than is required")
+}
+
+func TestErrorsSayWhatToDo(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := outboxCmd(t, nil, "status", "--table", "no_such_outbox_table")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `table "no_such_outbox_table" does not exist`)
+	require.Contains(t, errOut, "outbox schema --apply --table no_such_outbox_table")
+
+	code, _, errOut = outboxCmd(t, map[string]string{"DATABASE_URL": ""}, "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "set DATABASE_URL or pass --database-url")
+
+	code, _, errOut = outboxCmd(t, map[string]string{"DATABASE_URL": "postgres://postgres:s3cret@127.0.0.1:1/test?connect_timeout=2"}, "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "cannot reach PostgreSQL at postgres://postgres:xxxxx@127.0.0.1:1/test")
+	require.NotContains(t, errOut, "s3cret")
+
+	code, out, _ := outboxCmd(t, nil)
+	require.Equal(t, 2, code)
+	require.Contains(t, out, "Usage:")
+	code, _, errOut = outboxCmd(t, nil, "frobnicate")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `unknown command "frobnicate"`)
+}
+
+// TestRelayDaemon builds the command, runs `outbox relay` as its own
+// process, and stops it with SIGTERM.
+func TestRelayDaemon(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := filepath.Join(t.TempDir(), "outbox")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	conn := amqptest.Conn(t)
+	top := amqptest.Declare(t, conn)
+	consumer := amqptest.Consume(t, conn, top.Queue)
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	write := func(n int) {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		evts := make([]outbox.Event, n)
+		for i := range evts {
+			evts[i] = outbox.Event{Type: "order.placed"}
+		}
+		require.NoError(t, store.Add(ctx, tx, evts...))
+		require.NoError(t, tx.Commit())
+	}
+	write(300)
+
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "relay", "--table", table, "--poll-interval", "20ms")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	require.Eventually(t, func() bool { return consumer.Distinct() == 300 }, 30*time.Second, 10*time.Millisecond)
+	write(200)
+	require.Eventually(t, func() bool { return consumer.Distinct() == 500 }, 30*time.Second, 10*time.Millisecond)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGTERM; stderr:\n%s", stderr.String())
+	require.Contains(t, stdout.String(), "relay stopped: 500 published")
+	require.Contains(t, stderr.String(), "relay: Stopped")
+	require.NotContains(t, stderr.String(), "guest:guest", "no credentials in logs")
+	require.Zero(t, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE published_at IS NULL OR claim_token IS NOT NULL`))
+	require.False(t, strings.Contains(stderr.String(), "level=ERROR"), stderr.String())
+}
