@@ -1,4 +1,5 @@
 # Targets for developing acemq/outbox. `make help` lists them.
+SHELL := /bin/bash
 GO ?= go
 ITERATIONS ?= 1
 BENCH ?= .
@@ -11,10 +12,6 @@ help: ## list the targets
 test: ## run every test with the race detector against local PostgreSQL and RabbitMQ
 	$(GO) test -race -count=1 -timeout 8m ./...
 
-.PHONY: test/long
-test/long: ## also run the slow reliability suites (OUTBOX_LONG=1)
-	OUTBOX_LONG=1 $(GO) test -race -count=1 -timeout 30m ./...
-
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
@@ -25,10 +22,23 @@ lint: ## gofmt, go vet and staticcheck
 bench: ## run the benchmarks; ITERATIONS=N runs each N times (default 1, a smoke run)
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchtime=$(ITERATIONS)x -benchmem ./...
 
+.PHONY: bench/smoke
+bench/smoke: ## every benchmark once, on small inputs (what CI runs)
+	OUTBOX_BENCH_HISTORY=20000 OUTBOX_BENCH_MESSAGES=2000 OUTBOX_BENCH_SECONDS=1 \
+		$(GO) test -run='^$$' -bench=. -benchtime=1x ./... > /dev/null
+
 .PHONY: generate
-generate: ## regenerate migrations/ and the ent test schema
+generate: ## regenerate migrations/ and the ent code (tests and examples)
 	$(GO) test -run TestMigrationsMatchSchema -update .
 	$(GO) generate ./...
+
+.PHONY: demo
+demo: ## run examples/gorm, starting PostgreSQL and RabbitMQ with Docker if they do not answer locally
+	@if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null || ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then \
+		echo "demo: starting PostgreSQL and RabbitMQ with docker compose"; \
+		docker compose up -d --wait; \
+	fi
+	$(GO) run ./examples/gorm
 
 .PHONY: compose/up
 compose/up: ## start PostgreSQL and RabbitMQ with Docker (for machines without them)

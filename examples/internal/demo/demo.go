@@ -1,0 +1,227 @@
+// Package demo is the scaffolding the examples share: connections with
+// local defaults, a schema and an exchange of their own that are removed
+// afterwards, an in-process relay and a consumer that counts what arrives.
+// The interesting code is in the examples themselves.
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/relay"
+)
+
+// Env returns the environment variable or its default.
+func Env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// DatabaseURL and AMQPURL are where the examples connect.
+var (
+	DatabaseURL = Env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	AMQPURL     = Env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+)
+
+// Run is one example run.
+type Run struct {
+	DB       *sql.DB
+	Schema   string // a PostgreSQL schema of this run's own
+	Exchange string // a topic exchange of this run's own, bound to Queue
+	Queue    string
+
+	conn     *amqp.Connection
+	mu       sync.Mutex
+	received map[string]bool
+	total    int
+}
+
+// Start connects, creates the run's schema with its outbox table, declares
+// the exchange and queue, and starts consuming. Close undoes it all.
+func Start(ctx context.Context, name string) (*Run, error) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := hex.EncodeToString(b[:])
+	r := &Run{Schema: "example_" + name + "_" + suffix, Exchange: "examples." + name + "." + suffix, received: map[string]bool{}}
+
+	db, err := sql.Open("pgx", DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("cannot reach PostgreSQL (DATABASE_URL): %w; start it with `docker compose up -d --wait`", err)
+	}
+	r.DB = db
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+r.Schema+`"`); err != nil {
+		return nil, err
+	}
+	ddl, err := outbox.Schema(r.Schema + ".outbox")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := db.ExecContext(ctx, ddl); err != nil {
+		return nil, err
+	}
+
+	conn, err := amqp.Dial(AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach RabbitMQ (AMQP_URL): %w; start it with `docker compose up -d --wait`", err)
+	}
+	r.conn = conn
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.ExchangeDeclare(r.Exchange, amqp.ExchangeTopic, false, true, false, false, nil); err != nil {
+		return nil, err
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil) // server-named, exclusive
+	if err != nil {
+		return nil, err
+	}
+	r.Queue = q.Name
+	if err := ch.QueueBind(q.Name, "#", r.Exchange, false, nil); err != nil {
+		return nil, err
+	}
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for d := range deliveries {
+			r.mu.Lock()
+			r.received[d.MessageId] = true
+			r.total++
+			r.mu.Unlock()
+		}
+	}()
+	return r, nil
+}
+
+// StartRelay runs a relay on the run's outbox table until ctx ends and
+// returns a function that stops it and waits.
+func (r *Run) StartRelay(ctx context.Context, logger *slog.Logger) (stop func(), err error) {
+	store, err := outbox.NewStore(r.DB, &outbox.StoreConfig{Table: r.Schema + ".outbox", Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: AMQPURL, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	rl, err := relay.New(store, pub, &relay.Config{PollInterval: 50 * time.Millisecond, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = rl.Run(ctx)
+		_ = pub.Close()
+	}()
+	return func() { cancel(); <-done }, nil
+}
+
+// Received returns how many distinct messages arrived.
+func (r *Run) Received() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.received)
+}
+
+// Await waits until want messages arrived or the timeout passed.
+func (r *Run) Await(want int, timeout time.Duration) int {
+	deadline := time.Now().Add(timeout)
+	for r.Received() < want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return r.Received()
+}
+
+// Published counts the run's outbox rows marked published.
+func (r *Run) Published(ctx context.Context) (int, error) {
+	var n int
+	err := r.DB.QueryRowContext(ctx, `SELECT count(*) FROM "`+r.Schema+`".outbox WHERE published_at IS NOT NULL`).Scan(&n)
+	return n, err
+}
+
+// Close drops the schema and closes the connections (the exchange and
+// queue go with the connection).
+func (r *Run) Close() {
+	if r.conn != nil {
+		r.conn.Close()
+	}
+	if r.DB != nil {
+		_, _ = r.DB.Exec(`DROP SCHEMA IF EXISTS "` + r.Schema + `" CASCADE`)
+		r.DB.Close()
+	}
+}
+
+// SchemaDB opens a pool whose unqualified table names resolve in the run's
+// schema, for ent, which does not qualify its tables.
+func (r *Run) SchemaDB() (*sql.DB, error) {
+	u, err := url.Parse(DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", r.Schema)
+	u.RawQuery = q.Encode()
+	return sql.Open("pgx", u.String())
+}
+
+// ErrOutOfStock is the business failure the examples use to roll back.
+var ErrOutOfStock = errors.New("out of stock")
+
+// PlaceOrders places n orders through place, telling every tenth to fail
+// with ErrOutOfStock, waits for the events of the others to arrive, stops
+// the relay and prints the summary line. It fails if an event was lost or
+// one of a rolled-back order was published.
+func (r *Run) PlaceOrders(ctx context.Context, n int, stopRelay func(), place func(customer string, total int, outOfStock bool) error) error {
+	committed, rolledBack := 0, 0
+	for i := range n {
+		err := place(fmt.Sprintf("customer-%d", i%7), 100+i, i%10 == 9)
+		switch {
+		case errors.Is(err, ErrOutOfStock):
+			rolledBack++
+		case err != nil:
+			return err
+		default:
+			committed++
+		}
+	}
+	received := r.Await(committed, time.Minute)
+	stopRelay()
+	published, err := r.Published(ctx)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	duplicates := r.total - len(r.received)
+	r.mu.Unlock()
+	fmt.Printf("placed %d orders (%d rolled back): %d events published, %d received, %d lost\n",
+		n, rolledBack, published, received, committed-received)
+	if duplicates > 0 {
+		fmt.Printf("(%d delivered twice: consumers deduplicate on the message id)\n", duplicates)
+	}
+	if received != committed || published != committed {
+		return fmt.Errorf("expected exactly %d events published and received", committed)
+	}
+	return nil
+}
