@@ -1,0 +1,39 @@
+// Package relay moves messages from an outbox table to a message broker:
+// it claims a batch (a lease, not a lock), publishes it, and marks every
+// message published, failed or released, until its context ends.
+//
+// # Delivery
+//
+// A message is marked published only after the broker confirmed it
+// (publisher confirms) and routed it (mandatory publishing: an unroutable
+// message comes back and counts as a failure, not as a success). Messages
+// without a confirm are never marked: they are released, or left to their
+// lease, and published again. The result is at-least-once delivery, with
+// duplicates in rare cases (a relay that dies between the broker's confirm
+// and the mark); consumers deduplicate on the AMQP message-id, which is the
+// outbox id.
+//
+// # Faults
+//
+// Each failed message is classified. A message fault (unroutable, refused
+// by the broker, a missing exchange, a body over the broker's size limit)
+// is the message's: it is marked failed, which counts an attempt and backs
+// off, and parks the message after the store's MaxAttempts. A broker fault
+// (no connection, a lost connection or channel, no confirm in time) is
+// not: the message is released without an attempt, and the relay backs off
+// and reconnects. See ErrBrokerUnavailable and PublishError.
+//
+// # Running it
+//
+// Run blocks until its context ends, then stops claiming, waits up to
+// Config.ShutdownTimeout for the confirms of the batch in flight, marks what
+// was confirmed and releases the rest. Several relays, in one process or
+// many, can share a table: claims never overlap while leases hold. The
+// relay uses its store's own connection pool and holds no transaction open
+// while it publishes. It wakes for new work every Config.PollInterval, at
+// once while batches come back full, and at once on Config.Wakeup (see
+// package pgwake for LISTEN/NOTIFY).
+//
+// The AMQP side is AMQPPublisher (github.com/rabbitmq/amqp091-go); any
+// other broker plugs in through the Publisher interface.
+package relay
