@@ -2,4 +2,7 @@
 // sql/execquery feature entoutbox needs.
 package ent
 
-//go:generate go run entgo.io/ent/cmd/ent@v0.14.5 generate --feature sql/execquery ./schema
+// GOMAXPROCS=1: ent formats the generated files in parallel, and that
+// sometimes drops the stdsql import of the execquery feature.
+//
+//go:generate env GOMAXPROCS=1 go run entgo.io/ent/cmd/ent@v0.14.5 generate --feature sql/execquery ./schema
