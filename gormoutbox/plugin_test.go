@@ -380,3 +380,20 @@ func TestMisuse(t *testing.T) {
 		return nil
 	}))
 }
+
+type traceKey struct{}
+
+func TestHeadersFromStatementContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &gormoutbox.Plugin{Headers: func(ctx context.Context) map[string]string {
+		tp, _ := ctx.Value(traceKey{}).(string)
+		return map[string]string{"traceparent": tp}
+	}}, nil)
+	ctx := context.WithValue(context.Background(), traceKey{}, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	order := Order{}
+	order.Record(outbox.Event{Type: "order.placed", Headers: map[string]string{"tenant": "acme"}})
+	require.NoError(t, b.db.WithContext(ctx).Create(&order).Error)
+	var headers string
+	require.NoError(t, b.sqlDB.QueryRow(`SELECT headers::text FROM `+b.schema+`.outbox`).Scan(&headers))
+	require.JSONEq(t, `{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tenant":"acme"}`, headers)
+}

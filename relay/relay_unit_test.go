@@ -297,3 +297,45 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, BatchSizeDefault, r.cfg.BatchSize)
 	require.Equal(t, LeaseDefault, r.cfg.Lease)
 }
+
+// purgingStore is a fakeStore that also purges.
+type purgingStore struct {
+	fakeStore
+	purges chan time.Duration
+}
+
+func (s *purgingStore) PurgePublished(_ context.Context, olderThan time.Duration) (int64, error) {
+	s.purges <- olderThan
+	return 7, nil
+}
+
+func TestRunPurgesWhenAsked(t *testing.T) {
+	t.Parallel()
+	store := &purgingStore{purges: make(chan time.Duration, 10)}
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
+	r := newTestRelay(t, store, pub, &Config{PurgeAfter: 72 * time.Hour, PurgeInterval: time.Hour, PollInterval: time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case d := <-store.purges:
+		require.Equal(t, 72*time.Hour, d)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no purge")
+	}
+	require.Eventually(t, func() bool { return store.claimCount() > 5 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Empty(t, store.purges, "one purge per PurgeInterval, not per poll")
+	require.EqualValues(t, 7, r.Stats().Purged)
+
+	// Without PurgeAfter nothing is purged.
+	quiet := &purgingStore{purges: make(chan time.Duration, 1)}
+	r = newTestRelay(t, quiet, pub, &Config{PollInterval: time.Millisecond})
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return quiet.claimCount() > 5 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Empty(t, quiet.purges)
+}

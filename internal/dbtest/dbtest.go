@@ -185,17 +185,25 @@ func (w testWriter) Write(p []byte) (int, error) {
 func SchemaDB(tb testing.TB) (*sql.DB, string) {
 	tb.Helper()
 	schema := Schema(tb)
+	dsn := URLWith(tb, "search_path", schema)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		tb.Fatalf("dbtest: opening %s: %v", Redact(dsn), err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db, schema
+}
+
+// URLWith returns the test database URL with one more query parameter, such
+// as application_name or search_path.
+func URLWith(tb testing.TB, key, value string) string {
+	tb.Helper()
 	u, err := url.Parse(URL())
 	if err != nil {
 		tb.Fatalf("dbtest: TEST_DATABASE_URL: %v", err)
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Set(key, value)
 	u.RawQuery = q.Encode()
-	db, err := sql.Open("pgx", u.String())
-	if err != nil {
-		tb.Fatalf("dbtest: opening %s: %v", Redact(u.String()), err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	return db, schema
+	return u.String()
 }
