@@ -105,6 +105,11 @@ func Start(ctx context.Context, name string) (*Run, error) {
 	go func() {
 		for d := range deliveries {
 			r.mu.Lock()
+			if r.total < 3 {
+				fmt.Printf("consumer: %s %s id=%s %s\n", d.RoutingKey, d.Timestamp.Format(time.TimeOnly), d.MessageId, d.Body)
+			} else if r.total == 3 {
+				fmt.Println("consumer: ...")
+			}
 			r.received[d.MessageId] = true
 			r.total++
 			r.mu.Unlock()
