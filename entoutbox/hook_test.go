@@ -49,17 +49,7 @@ func setup(t testing.TB) *testBundle {
 // events returns "type/key" of the committed outbox rows, oldest first.
 func (b *testBundle) events(t *testing.T) []string {
 	t.Helper()
-	rows, err := b.other.Query(`SELECT event_type, event_key FROM ` + b.schema + `.outbox ORDER BY id`)
-	require.NoError(t, err)
-	defer rows.Close()
-	out := []string{}
-	for rows.Next() {
-		var typ, key string
-		require.NoError(t, rows.Scan(&typ, &key))
-		out = append(out, typ+"/"+key)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return dbtest.EventKeys(t, b.other, b.schema+".outbox")
 }
 
 func (b *testBundle) count(t *testing.T, table string) int64 {

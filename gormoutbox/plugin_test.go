@@ -97,17 +97,7 @@ func setup(t testing.TB, plugin *gormoutbox.Plugin, cfg *gorm.Config) *testBundl
 // connection of its own (so only committed rows show).
 func (b *testBundle) events(t *testing.T) []string {
 	t.Helper()
-	rows, err := b.sqlDB.Query(`SELECT event_type, event_key FROM ` + b.schema + `.outbox ORDER BY id`)
-	require.NoError(t, err)
-	defer rows.Close()
-	out := []string{}
-	for rows.Next() {
-		var typ, key string
-		require.NoError(t, rows.Scan(&typ, &key))
-		out = append(out, typ+"/"+key)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return dbtest.EventKeys(t, b.sqlDB, b.schema+".outbox")
 }
 
 func (b *testBundle) count(t *testing.T, table string) int64 {

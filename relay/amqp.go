@@ -215,15 +215,18 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	if p.learnedSize.Load() {
 		sizeFrom = "its max_message_size, learned from a refusal"
 	}
+	take := func(r amqp.Return, ok bool) {
+		if !ok { // the channel closed: stop selecting on it
+			returns = nil
+			return
+		}
+		returned[r.MessageId] = r
+	}
 	drain := func() {
-		for {
+		for returns != nil {
 			select {
 			case r, ok := <-returns:
-				if !ok {
-					returns = nil
-					return
-				}
-				returned[r.MessageId] = r
+				take(r, ok)
 			default:
 				return
 			}
@@ -260,11 +263,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 		for {
 			select {
 			case r, ok := <-returns:
-				if !ok {
-					returns = nil
-					continue
-				}
-				returned[r.MessageId] = r
+				take(r, ok)
 			case <-pd.dc.Done():
 				break wait
 			case <-ctx.Done():

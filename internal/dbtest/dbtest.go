@@ -207,3 +207,27 @@ func URLWith(tb testing.TB, key, value string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// EventKeys returns "event_type/event_key" of every row of an outbox table
+// (name already quoted or schema-qualified as needed), oldest first, read on
+// db: with a pool other than the writer's, only committed rows show.
+func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
+	tb.Helper()
+	rows, err := db.Query(`SELECT event_type, event_key FROM ` + table + ` ORDER BY id`)
+	if err != nil {
+		tb.Fatalf("dbtest: reading %s: %v", table, err)
+	}
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var typ, key string
+		if err := rows.Scan(&typ, &key); err != nil {
+			tb.Fatalf("dbtest: reading %s: %v", table, err)
+		}
+		out = append(out, typ+"/"+key)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatalf("dbtest: reading %s: %v", table, err)
+	}
+	return out
+}
