@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -186,10 +187,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.running.Store(false)
 	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 
+	// Purging runs beside the loop: deleting millions of old rows must not
+	// hold up publishing.
+	var purges sync.WaitGroup
+	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
+		purges.Add(1)
+		go func() {
+			defer purges.Done()
+			r.purgeLoop(ctx)
+		}()
+	}
+	defer purges.Wait()
+
 	var (
-		failures  int
-		lastPurge time.Time
-		timer     = time.NewTimer(time.Hour)
+		failures int
+		timer    = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
 	defer timer.Stop()
@@ -197,10 +209,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
 			return nil
-		}
-		if r.cfg.PurgeAfter > 0 && time.Since(lastPurge) >= r.cfg.PurgeInterval {
-			lastPurge = time.Now()
-			r.purge(ctx)
 		}
 		res, err := r.runOnce(ctx)
 		var wait time.Duration
@@ -352,12 +360,22 @@ func (r *Relay) settled(ctx context.Context, what string, n int, err error) int6
 	return 0
 }
 
-func (r *Relay) purge(ctx context.Context) {
-	p, ok := r.store.(Purger)
-	if !ok {
-		return
+// purgeLoop purges at once and then every PurgeInterval until ctx ends.
+func (r *Relay) purgeLoop(ctx context.Context) {
+	tick := time.NewTicker(r.cfg.PurgeInterval)
+	defer tick.Stop()
+	for {
+		r.purge(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
-	n, err := p.PurgePublished(ctx, r.cfg.PurgeAfter)
+}
+
+func (r *Relay) purge(ctx context.Context) {
+	n, err := r.store.(Purger).PurgePublished(ctx, r.cfg.PurgeAfter)
 	r.stats.purged.Add(n)
 	switch {
 	case err != nil && ctx.Err() == nil:

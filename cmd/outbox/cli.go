@@ -30,6 +30,7 @@ Usage:
   outbox retry   [flags] ID...       re-arm parked messages (--all-parked for all of them)
   outbox purge   --older-than 168h   delete published messages older than that
   outbox schema  [flags]             print the table's DDL (--apply creates it)
+  outbox bench   [flags]             measure relay throughput and latency on a scratch table
 
 The database comes from --database-url or DATABASE_URL, the broker from
 --amqp-url or AMQP_URL (comma-separated URLs for the nodes of a cluster).
@@ -58,6 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv en
 		"retry":  cmdRetry,
 		"purge":  cmdPurge,
 		"schema": cmdSchema,
+		"bench":  cmdBench,
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -83,11 +85,13 @@ type common struct {
 	table       string
 }
 
-func newCommon(name string, stderr io.Writer, getenv env) *common {
-	c := &common{fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError)}
+func newCommon(name string, stderr io.Writer, getenv env, withTable ...bool) *common {
+	c := &common{fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: outbox.TableDefault}
 	c.fs.SetOutput(stderr)
 	c.fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
-	c.fs.StringVar(&c.table, "table", outbox.TableDefault, "outbox table, optionally schema-qualified")
+	if len(withTable) == 0 || withTable[0] {
+		c.fs.StringVar(&c.table, "table", outbox.TableDefault, "outbox table, optionally schema-qualified")
+	}
 	return c
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -182,4 +183,19 @@ func TestRelayDaemon(t *testing.T) {
 	require.NotContains(t, stderr.String(), "guest:guest", "no credentials in logs")
 	require.Zero(t, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE published_at IS NULL OR claim_token IS NOT NULL`))
 	require.False(t, strings.Contains(stderr.String(), "level=ERROR"), stderr.String())
+}
+
+func TestBench(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{"AMQP_URL": amqptest.URL()}
+	code, out, errOut := outboxCmd(t, vars, "bench", "--messages", "400", "--batch-size", "50")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `bench: relayed 400 messages in \S+: \d+ msgs/s \(batch 50\)`, out)
+	require.Contains(t, out, "400 published, 0 failed")
+	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `commit to consume at 200 msgs/s: p50 \S+, p99 \S+`, out)
+	m := regexp.MustCompile(`scratch table (outbox_bench_[0-9a-f]+)`).FindStringSubmatch(errOut)
+	require.NotNil(t, m, errOut)
+	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, m[1]), "the scratch table is dropped")
 }

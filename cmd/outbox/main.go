@@ -7,6 +7,7 @@
 //	outbox retry   [flags] ID...      re-arm parked messages (--all-parked for all)
 //	outbox purge   --older-than 168h  delete old published messages
 //	outbox schema  [--apply]          print (or create) the table's DDL
+//	outbox bench   [flags]            measure throughput and latency on a scratch table
 //
 // The database comes from --database-url or DATABASE_URL, the broker from
 // --amqp-url or AMQP_URL (comma-separated for the nodes of a cluster).
