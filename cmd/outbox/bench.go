@@ -211,7 +211,9 @@ wait:
 	mu.Lock()
 	defer mu.Unlock()
 	slices.Sort(latencies)
-	pct := func(p float64) time.Duration { return latencies[int(p*float64(len(latencies)-1))].Round(100 * time.Microsecond) }
+	pct := func(p float64) time.Duration {
+		return latencies[int(p*float64(len(latencies)-1))].Round(100 * time.Microsecond)
+	}
 	fmt.Fprintf(stdout, "bench: relayed %d messages in %s: %.0f msgs/s (batch %d)\n", *n, elapsed.Round(time.Millisecond), float64(*n)/elapsed.Seconds(), *batch)
 	if *rate > 0 { // with everything written first, latency would only measure the queue
 		fmt.Fprintf(stdout, "bench: commit to consume at %d msgs/s: p50 %s, p99 %s, max %s\n", *rate, pct(0.5), pct(0.99), pct(1))
