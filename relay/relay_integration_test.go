@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"fmt"
 	"strings"
@@ -409,4 +410,23 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "a lost database connection burns no attempts")
 	t.Logf("killed %d connections; %d distinct delivered, %d duplicates; stats %+v",
 		killed, b.consumer.Distinct(), b.consumer.Total()-b.consumer.Distinct(), r.Stats())
+}
+
+func TestAMQPS(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.write(t, 20, 20, small)
+	target := strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@")
+	url, roots := amqptest.TLSProxy(t, target)
+
+	// Without trusting the proxy's certificate the connection is refused...
+	untrusting := newPublisher(t, &relay.AMQPConfig{URL: url, DialTimeout: 2 * time.Second})
+	errs := untrusting.Publish(context.Background(), []outbox.Message{{ID: "m1", RoutingKey: "x"}})
+	require.ErrorIs(t, errs[0], relay.ErrBrokerUnavailable)
+	require.ErrorContains(t, errs[0], "certificate")
+
+	// ...and with TLSConfig it carries the messages.
+	start(t, b.store, newPublisher(t, &relay.AMQPConfig{URL: url, TLSConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}),
+		&relay.Config{PollInterval: 10 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 20 }, 30*time.Second, 20*time.Millisecond)
 }

@@ -5,10 +5,16 @@
 package amqptest
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -314,4 +320,54 @@ func SetMaxMessageSize(tb testing.TB, size int) {
 	prev := eval("{ok, V} = application:get_env(rabbit, max_message_size), V.")
 	eval(fmt.Sprintf("application:set_env(rabbit, max_message_size, %d).", size))
 	tb.Cleanup(func() { eval("application:set_env(rabbit, max_message_size, " + prev + ").") })
+}
+
+// TLSProxy terminates TLS with a fresh self-signed certificate for
+// "localhost" and forwards the plain connection to target, so that amqps://
+// can be tested against a broker without a TLS listener. It returns the
+// proxy's amqps URL and the certificate pool that trusts it.
+func TLSProxy(tb testing.TB, target string) (string, *x509.CertPool) {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "localhost"},
+		DNSNames:              []string{"localhost"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		MinVersion:   tls.VersionTLS12,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &Proxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(func() {
+		ln.Close()
+		p.Cut()
+		p.wg.Wait()
+	})
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return "amqps://guest:guest@localhost:" + port + "/", pool
 }
