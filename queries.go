@@ -35,20 +35,19 @@ WHERE o.id = ANY(ARRAY(
 	FOR UPDATE SKIP LOCKED))
 RETURNING {columns}`),
 
-		// Fenced by (id, claim token) pairs. The id = ANY condition keeps
-		// even a generic plan, cached while the table was small, on the
-		// primary key; a join on unnest alone degrades to a sequential scan.
-		markPublished: r.Replace(`UPDATE {table} AS o
+		// Fenced by the claim token: one statement per claim (a relay
+		// settles the messages of one claim together). The id = ANY
+		// condition keeps even a generic plan, cached while the table was
+		// small, on the primary key.
+		markPublished: r.Replace(`UPDATE {table}
 SET published_at = now(), claimed_until = NULL, claim_token = NULL
-WHERE o.id = ANY($1::uuid[]) AND o.published_at IS NULL
-  AND (o.id, o.claim_token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
-RETURNING o.id`),
+WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
+RETURNING id`),
 
-		release: r.Replace(`UPDATE {table} AS o
+		release: r.Replace(`UPDATE {table}
 SET claimed_until = NULL, claim_token = NULL
-WHERE o.id = ANY($1::uuid[]) AND o.published_at IS NULL
-  AND (o.id, o.claim_token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
-RETURNING o.id`),
+WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
+RETURNING id`),
 
 		markFailed: r.Replace(`UPDATE {table}
 SET attempts = attempts + 1,

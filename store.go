@@ -373,8 +373,8 @@ func (s *Store) Release(ctx context.Context, msgs ...Message) error {
 	return s.fenced(ctx, "releasing", s.q.release, msgs)
 }
 
-// fenced runs an UPDATE over (id, claim token) pairs and reports the pairs
-// that matched no row as lost leases.
+// fenced runs an UPDATE for the messages of each claim token and reports
+// the messages that matched no row as lost leases.
 func (s *Store) fenced(ctx context.Context, what, query string, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -383,43 +383,53 @@ func (s *Store) fenced(ctx context.Context, what, query string, msgs []Message) 
 	if err != nil {
 		return err
 	}
-	ids := make([]string, len(msgs))
-	tokens := make([]string, len(msgs))
-	for i, m := range msgs {
+	var (
+		tokens []string // in order of first appearance
+		ids    = make(map[string][]string)
+	)
+	for _, m := range msgs {
 		if m.claimToken == "" {
 			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
 		}
-		ids[i], tokens[i] = m.ID, m.claimToken
-	}
-	rows, err := db.QueryContext(ctx, query, ids, tokens)
-	if err != nil {
-		return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, err)
+		if _, ok := ids[m.claimToken]; !ok {
+			tokens = append(tokens, m.claimToken)
+		}
+		ids[m.claimToken] = append(ids[m.claimToken], m.ID)
 	}
 	done := make(map[string]bool, len(msgs))
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return fmt.Errorf("outbox: %s: %w", what, err)
+	for _, token := range tokens {
+		if err := s.fencedClaim(ctx, db, query, ids[token], token, done); err != nil {
+			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, err)
 		}
-		done[id] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, err)
 	}
 	if len(done) == len(msgs) {
 		return nil
 	}
 	lost := &LeaseLostError{}
-	for _, id := range ids {
-		if !done[id] {
-			lost.IDs = append(lost.IDs, id)
+	for _, m := range msgs {
+		if !done[m.ID] {
+			lost.IDs = append(lost.IDs, m.ID)
 		}
 	}
 	s.logger.WarnContext(ctx, "outbox: Lease lost", slog.String("table", s.t.full),
 		slog.String("operation", what), slog.Int("num_lost", len(lost.IDs)), slog.String("first_id", lost.IDs[0]))
 	return lost
+}
+
+func (s *Store) fencedClaim(ctx context.Context, db *sql.DB, query string, ids []string, token string, done map[string]bool) error {
+	rows, err := db.QueryContext(ctx, query, ids, token)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		done[id] = true
+	}
+	return rows.Err()
 }
 
 // MarkFailed records a failed attempt to publish msg: it adds one to the
