@@ -125,6 +125,8 @@ type Relay struct {
 	logger  *slog.Logger
 	running atomic.Bool
 	stats   counters
+
+	sleepHook func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
 
 type counters struct {
@@ -199,12 +201,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer purges.Wait()
 
-	var (
-		failures int
-		timer    = time.NewTimer(time.Hour)
-	)
-	timer.Stop()
-	defer timer.Stop()
+	var failures int
 	for {
 		if ctx.Err() != nil {
 			r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
@@ -231,18 +228,26 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures = 0
 			wait = r.cfg.PollInterval
 		}
-		timer.Reset(wait)
 		wakeup := r.cfg.Wakeup
 		if failures > 0 {
 			wakeup = nil // a backoff is not cut short by new work
 		}
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-		case <-timer.C:
-		case <-wakeup:
-			timer.Stop()
-		}
+		r.sleep(ctx, wait, wakeup)
+	}
+}
+
+// sleep waits for d, the end of ctx or a wake-up, whichever comes first.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeup <-chan struct{}) {
+	if r.sleepHook != nil { // tests
+		r.sleepHook(d, wakeup != nil)
+		return
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	case <-wakeup:
 	}
 }
 

@@ -339,3 +339,62 @@ func TestRunPurgesWhenAsked(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Empty(t, quiet.purges)
 }
+
+// TestRunBacksOff drives the loop through broker faults, a database
+// failure and recovery, recording the waits it asks for instead of sleeping.
+func TestRunBacksOff(t *testing.T) {
+	t.Parallel()
+	store := &failingStore{fakeStore: fakeStore{}, failClaims: map[int]bool{5: true}}
+	for range 6 {
+		store.push(msgs("m")...)
+	}
+	var calls int
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
+		calls++
+		if calls <= 3 { // the broker is down for three batches
+			return []error{brokerFault("m", "no connection", nil)}
+		}
+		return []error{nil}
+	})
+	type wait struct {
+		d        time.Duration
+		wakeable bool
+	}
+	var waits []wait
+	ctx, cancel := context.WithCancel(context.Background())
+	r := newTestRelay(t, store, pub, &Config{BatchSize: 2, PollInterval: 5 * time.Second, BackoffMax: time.Minute, Wakeup: make(chan struct{})})
+	r.sleepHook = func(d time.Duration, wakeable bool) {
+		waits = append(waits, wait{d, wakeable})
+		if len(waits) == 7 {
+			cancel()
+		}
+	}
+	require.NoError(t, r.Run(ctx))
+	require.Len(t, waits, 7)
+	for i, nominal := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		require.GreaterOrEqual(t, waits[i].d, nominal/2, "broker fault %d", i+1)
+		require.LessOrEqual(t, waits[i].d, nominal, "broker fault %d", i+1)
+		require.False(t, waits[i].wakeable, "a backoff is not cut short by wake-ups")
+	}
+	require.Equal(t, wait{5 * time.Second, true}, waits[3], "the broker is back: an ordinary poll")
+	require.GreaterOrEqual(t, waits[4].d, 50*time.Millisecond, "the database failed: backoff starts over")
+	require.LessOrEqual(t, waits[4].d, 100*time.Millisecond)
+	require.Equal(t, wait{5 * time.Second, true}, waits[5])
+	require.Equal(t, int64(3), r.Stats().Released)
+	require.Equal(t, int64(3), r.Stats().Published)
+}
+
+// failingStore fails the claims whose (1-based) number is in failClaims.
+type failingStore struct {
+	fakeStore
+	failClaims map[int]bool
+	n          int
+}
+
+func (s *failingStore) Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error) {
+	s.n++
+	if s.failClaims[s.n] {
+		return nil, errors.New("connection refused")
+	}
+	return s.fakeStore.Claim(ctx, n, lease)
+}
