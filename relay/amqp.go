@@ -36,6 +36,10 @@ const (
 
 	// KeyHeader carries Event.Key (the aggregate id) when it is set.
 	KeyHeader = "x-event-key"
+
+	// closeGrace bounds closing a connection: a broker that stopped
+	// answering must not hold the publisher up.
+	closeGrace = 2 * time.Second
 )
 
 // AMQPConfig configures an AMQPPublisher.
@@ -197,7 +201,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	// A publish that blocks on a socket the broker stopped reading cannot be
 	// interrupted otherwise: when ctx ends, the connection goes.
 	conn := p.conn
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = conn.CloseDeadline(time.Now().Add(closeGrace)) })
 	defer stop()
 
 	type inflight struct {
@@ -436,24 +440,31 @@ func (p *AMQPPublisher) dial(ctx context.Context) error {
 }
 
 // discard drops the channel, and the connection too when it is dead or all
-// is set. The next Publish opens what is missing.
+// is set. The next Publish opens what is missing. It never waits for a
+// broker that does not answer: a channel is closed only once the broker
+// closed it (a no-op), and a connection with a deadline.
 func (p *AMQPPublisher) discard(all bool) {
 	if p.ch != nil {
 		go func(c chan amqp.Return) { // let the library finish whatever it still sends
 			for range c {
 			}
 		}(p.returns)
-		_ = p.ch.Close()
+		if p.ch.IsClosed() {
+			_ = p.ch.Close()
+		} else {
+			all = true // an open channel we give up on goes with its connection
+		}
 		p.ch = nil
 	}
 	if p.conn != nil && (all || p.conn.IsClosed()) {
-		_ = p.conn.Close()
+		_ = p.conn.CloseDeadline(time.Now().Add(closeGrace))
 		p.conn = nil
 		p.logger.Warn("relay: Broker connection dropped; reconnecting on the next batch")
 	}
 }
 
-// Close closes the connection. Publish fails with a broker fault afterwards.
+// Close closes the connection (and with it the channel), waiting at most a
+// few seconds for the broker. Publish fails with a broker fault afterwards.
 func (p *AMQPPublisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -461,17 +472,12 @@ func (p *AMQPPublisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	var err error
-	if p.ch != nil {
-		err = p.ch.Close()
-		p.ch = nil
+	p.ch = nil
+	if p.conn == nil {
+		return nil
 	}
-	if p.conn != nil {
-		if cerr := p.conn.Close(); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
-			err = cerr
-		}
-		p.conn = nil
-	}
+	err := p.conn.CloseDeadline(time.Now().Add(closeGrace))
+	p.conn = nil
 	if errors.Is(err, amqp.ErrClosed) {
 		err = nil
 	}

@@ -430,3 +430,28 @@ func TestAMQPS(t *testing.T) {
 		&relay.Config{PollInterval: 10 * time.Millisecond})
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 20 }, 30*time.Second, 20*time.Millisecond)
 }
+
+func TestStalledBroker(t *testing.T) {
+	t.Parallel()
+	const n = 600
+	b := setup(t, nil)
+	b.write(t, n, 100, small)
+	proxy := amqptest.NewProxy(t, strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@"))
+	r, _ := start(t, b.store, newPublisher(t, &relay.AMQPConfig{URL: proxy.URL(), DialTimeout: time.Second}), &relay.Config{
+		BatchSize: 50, PollInterval: 10 * time.Millisecond, PublishTimeout: 500 * time.Millisecond, Lease: 5 * time.Second, BackoffMax: 200 * time.Millisecond,
+	})
+	require.Eventually(t, func() bool { return b.consumer.Distinct() >= 100 }, time.Minute, 5*time.Millisecond)
+
+	// The broker stops answering: no confirm arrives, nothing may be marked
+	// published, and the relay must not hang.
+	proxy.Stall()
+	require.Eventually(t, func() bool { return r.Stats().Released > 0 }, 30*time.Second, 10*time.Millisecond,
+		"unconfirmed messages are released once PublishTimeout passes")
+	stalledAt := r.Stats()
+	proxy.Unstall()
+
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "a stalled broker burns no attempts")
+	t.Logf("stats when stalled %+v, at the end %+v; %d duplicates", stalledAt, r.Stats(), b.consumer.Total()-b.consumer.Distinct())
+}

@@ -13,7 +13,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"os"
@@ -201,12 +200,15 @@ func (c *Consumer) Last() amqp.Delivery {
 // Proxy forwards TCP connections to a target and can cut them all at once,
 // as a network failure or a broker restart would.
 type Proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	cuts   int
-	wg     sync.WaitGroup
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	conns   []net.Conn
+	cuts    int
+	wg      sync.WaitGroup
+	stalled bool
+	gen     int // incremented by Cut, to release stalled pipes
+	open    *sync.Cond
 }
 
 // NewProxy listens on a free local port and forwards to target (host:port).
@@ -217,14 +219,43 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 		tb.Fatalf("amqptest: proxy listen: %v", err)
 	}
 	p := &Proxy{ln: ln, target: target}
+	p.open = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(func() {
 		ln.Close()
+		p.Unstall()
 		p.Cut()
 		p.wg.Wait()
 	})
 	return p
+}
+
+// Stall stops forwarding in both directions, on the connections there are
+// and on new ones, as a broker that hangs or a network that silently drops
+// packets would: nothing is closed, nothing arrives.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Unstall lets data flow again.
+func (p *Proxy) Unstall() {
+	p.mu.Lock()
+	p.stalled = false
+	p.open.Broadcast()
+	p.mu.Unlock()
+}
+
+// wait blocks while the proxy is stalled, unless a Cut happened since gen.
+func (p *Proxy) wait(gen int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.stalled && p.gen == gen {
+		p.open.Wait()
+	}
+	return p.gen == gen
 }
 
 // URL returns an amqp URL that reaches the broker through the proxy.
@@ -255,9 +286,26 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
+	defer dst.Close()
+	defer src.Close()
+	p.mu.Lock()
+	gen := p.gen
+	p.mu.Unlock()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.wait(gen) {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // Cut closes every connection through the proxy. New connections are
@@ -269,6 +317,8 @@ func (p *Proxy) Cut() {
 	if len(conns) > 0 {
 		p.cuts++
 	}
+	p.gen++
+	p.open.Broadcast()
 	p.mu.Unlock()
 	for _, c := range conns {
 		c.Close()
@@ -361,6 +411,7 @@ func TLSProxy(tb testing.TB, target string) (string, *x509.CertPool) {
 		tb.Fatal(err)
 	}
 	p := &Proxy{ln: ln, target: target}
+	p.open = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(func() {
