@@ -15,7 +15,7 @@ import (
 // PluginName is the name the plugin registers under (gorm.Config.Plugins).
 const PluginName = "gormoutbox"
 
-// SettingKey is the statement setting Attach stores events under.
+// SettingKey is the statement setting under which Attach keeps its events.
 const SettingKey = "gormoutbox:events"
 
 // ErrNotRegistered is returned by Publish when the *gorm.DB has no
@@ -169,8 +169,8 @@ func (p *Plugin) capture(op string) func(*gorm.DB) {
 			return // the business write failed: leave the model's events where they are
 		}
 		var evts []outbox.Event
-		if v, ok := db.Statement.Settings.LoadAndDelete(SettingKey); ok {
-			evts = append(evts, v.([]outbox.Event)...)
+		if v, ok := db.Statement.Settings.Load(SettingKey); ok {
+			evts = v.(*attached).take()
 		}
 		// A statement that changed no row did not happen: an update that
 		// found nothing (Save falls back to a create, which captures), a
@@ -201,7 +201,7 @@ func describe(db *gorm.DB) string {
 // mayCarryEvents is true for statements with attached events and for models
 // that implement outbox.Source.
 func (p *Plugin) mayCarryEvents(db *gorm.DB) bool {
-	if _, ok := db.Statement.Settings.Load(SettingKey); ok {
+	if v, ok := db.Statement.Settings.Load(SettingKey); ok && v.(*attached).pending() {
 		return true
 	}
 	rv := db.Statement.ReflectValue
@@ -278,15 +278,45 @@ func Publish(tx *gorm.DB, evts ...outbox.Event) error {
 
 // Attach returns a *gorm.DB whose next write (Create, Save, Updates,
 // Delete, …) also writes evts, in the same transaction. The events are
-// written once, even if the returned *gorm.DB is used again. Use it for
-// models that do not record their own events:
+// written once, however the returned *gorm.DB is used afterwards (again,
+// through Transaction, Session or chained calls). Use it for models that do
+// not record their own events:
 //
 //	db.Transaction(func(tx *gorm.DB) error {
 //		return gormoutbox.Attach(tx, evt).Create(&invoice).Error
 //	})
 func Attach(db *gorm.DB, evts ...outbox.Event) *gorm.DB {
+	a := &attached{events: evts}
 	if prev, ok := db.Get(SettingKey); ok {
-		evts = append(append([]outbox.Event(nil), prev.([]outbox.Event)...), evts...)
+		a.parent = prev.(*attached)
 	}
-	return db.Set(SettingKey, evts)
+	return db.Set(SettingKey, a)
+}
+
+// attached holds the events of Attach. GORM copies a statement's settings
+// into every session derived from it; they all share this one holder, so
+// whichever write comes first takes the events, and only once.
+type attached struct {
+	mu     sync.Mutex
+	events []outbox.Event
+	parent *attached // events attached earlier to the same chain
+}
+
+func (a *attached) take() []outbox.Event {
+	var evts []outbox.Event
+	if a.parent != nil {
+		evts = a.parent.take()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	evts = append(evts, a.events...)
+	a.events = nil
+	return evts
+}
+
+func (a *attached) pending() bool {
+	a.mu.Lock()
+	n := len(a.events)
+	a.mu.Unlock()
+	return n > 0 || (a.parent != nil && a.parent.pending())
 }

@@ -349,6 +349,19 @@ func TestAttach(t *testing.T) {
 	require.NoError(t, db.Create(&Plain{Name: "b"}).Error, "the same *gorm.DB again")
 	require.Equal(t, []string{"plain.created/1", "plain.audited/1"}, b.events(t), "attached events are written once")
 	require.EqualValues(t, 2, b.count(t, "plains"))
+
+	// Sessions derived from an attached *gorm.DB share its events: written
+	// once, by the first write, whichever session runs it.
+	attached := gormoutbox.Attach(b.db, evt("batch.imported", "2"))
+	require.NoError(t, attached.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Plain{Name: "c"}).Error)
+		return tx.Session(&gorm.Session{}).Create(&Plain{Name: "d"}).Error
+	}))
+	require.NoError(t, attached.Create(&Plain{Name: "e"}).Error)
+	require.NoError(t, b.db.Transaction(func(tx *gorm.DB) error {
+		return gormoutbox.Attach(tx, evt("plain.removed", "3")).Where("name = ?", "e").Delete(&Plain{}).Error
+	}))
+	require.Equal(t, []string{"plain.created/1", "plain.audited/1", "batch.imported/2", "plain.removed/3"}, b.events(t))
 }
 
 func TestMisuse(t *testing.T) {
