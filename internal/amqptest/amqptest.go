@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -338,7 +339,7 @@ func (p *Proxy) Cuts() int {
 // returns how many it closed.
 func CloseNamedConnections(tb testing.TB, name string) int {
 	tb.Helper()
-	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	out, err := rabbitmqctl(tb, "list_connections", "-q", "--no-table-headers", "pid", "client_properties").CombinedOutput()
 	if err != nil {
 		tb.Fatalf("amqptest: rabbitmqctl list_connections: %v: %s", err, out)
 	}
@@ -348,7 +349,7 @@ func CloseNamedConnections(tb testing.TB, name string) int {
 			continue
 		}
 		pid := strings.Fields(line)[0]
-		if out, err := exec.Command("rabbitmqctl", "close_connection", pid, "closed by test").CombinedOutput(); err != nil {
+		if out, err := rabbitmqctl(tb, "close_connection", pid, "closed by test").CombinedOutput(); err != nil {
 			tb.Fatalf("amqptest: rabbitmqctl close_connection: %v: %s", err, out)
 		}
 		closed++
@@ -361,7 +362,7 @@ func CloseNamedConnections(tb testing.TB, name string) int {
 func SetMaxMessageSize(tb testing.TB, size int) {
 	tb.Helper()
 	eval := func(expr string) string {
-		out, err := exec.Command("rabbitmqctl", "eval", expr).CombinedOutput()
+		out, err := rabbitmqctl(tb, "eval", expr).CombinedOutput()
 		if err != nil {
 			tb.Fatalf("amqptest: rabbitmqctl eval %s: %v: %s", expr, err, out)
 		}
@@ -421,4 +422,32 @@ func TLSProxy(tb testing.TB, target string) (string, *x509.CertPool) {
 	})
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return "amqps://guest:guest@localhost:" + port + "/", pool
+}
+
+// rabbitmqctl returns the command that runs rabbitmqctl with args: the
+// prefix in OUTBOX_RABBITMQCTL if set, rabbitmqctl itself if it is on the
+// PATH, else rabbitmqctl inside the docker compose service of the repository.
+func rabbitmqctl(tb testing.TB, args ...string) *exec.Cmd {
+	tb.Helper()
+	if prefix := strings.Fields(os.Getenv("OUTBOX_RABBITMQCTL")); len(prefix) > 0 {
+		return exec.Command(prefix[0], append(prefix[1:], args...)...)
+	}
+	if path, err := exec.LookPath("rabbitmqctl"); err == nil {
+		return exec.Command(path, args...)
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "docker-compose.yml")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			tb.Fatalf("amqptest: rabbitmqctl is not on the PATH and no docker-compose.yml was found; set OUTBOX_RABBITMQCTL to the command that runs it")
+		}
+		dir = parent
+	}
+	return exec.Command("docker", append([]string{"compose", "-f", filepath.Join(dir, "docker-compose.yml"), "exec", "-T", "rabbitmq", "rabbitmqctl"}, args...)...)
 }
