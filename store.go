@@ -233,6 +233,9 @@ func (s *Store) rowArgs(e *Event, base map[string]string) ([insertColumns]any, e
 	if e.RoutingKey != "" {
 		key = e.RoutingKey
 	}
+	if err := checkShortStrings(e, exchange, key); err != nil {
+		return row, err
+	}
 	headers := []byte("{}")
 	if len(base)+len(e.Headers) > 0 {
 		merged := make(map[string]string, len(base)+len(e.Headers))
@@ -252,6 +255,28 @@ func (s *Store) rowArgs(e *Event, base map[string]string) ([insertColumns]any, e
 	}
 	row = [insertColumns]any{id.String(), e.Type, e.Key, exchange, key, payload, cmp.Or(e.ContentType, ContentTypeDefault), string(headers)}
 	return row, nil
+}
+
+// shortStrMax is the longest AMQP 0-9-1 short string: exchange and queue
+// names, routing keys, message properties and header names.
+const shortStrMax = 255
+
+// checkShortStrings refuses an event the broker could never take, at write
+// time, where the error reaches the code that made it.
+func checkShortStrings(e *Event, exchange, key string) error {
+	for _, f := range []struct{ what, v string }{
+		{"Type", e.Type}, {"ContentType", e.ContentType}, {"exchange", exchange}, {"routing key", key},
+	} {
+		if len(f.v) > shortStrMax {
+			return fmt.Errorf("%w: the %s of %.40q… is %d bytes; AMQP allows at most %d", ErrInvalidEvent, f.what, e.Type, len(f.v), shortStrMax)
+		}
+	}
+	for k := range e.Headers {
+		if len(k) > shortStrMax {
+			return fmt.Errorf("%w: header name %.40q… of %.40q is %d bytes; AMQP allows at most %d", ErrInvalidEvent, k, e.Type, len(k), shortStrMax)
+		}
+	}
+	return nil
 }
 
 // insertSQL returns the INSERT statement for n rows, built once per n so that

@@ -175,6 +175,21 @@ func TestAdd(t *testing.T) {
 		require.ErrorContains(t, err, "Type is empty")
 		require.NoError(t, tx.Commit())
 		require.Zero(t, b.count(t, ""), "a bad event in a call writes none of the call's events")
+
+		for _, bad := range []outbox.Event{
+			{Type: "x", RoutingKey: strings.Repeat("k", 256)},
+			{Type: "x", Exchange: strings.Repeat("e", 256)},
+			{Type: strings.Repeat("t", 256)},
+			{Type: "x", ContentType: strings.Repeat("c", 256)},
+			{Type: "x", Headers: map[string]string{strings.Repeat("h", 256): "v"}},
+		} {
+			tx, err := b.db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			err = b.store.Add(ctx, tx, bad)
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+			require.ErrorContains(t, err, "AMQP allows at most 255")
+			require.NoError(t, tx.Rollback())
+		}
 	})
 
 	t.Run("RoutingAndHeaders", func(t *testing.T) {

@@ -242,6 +242,10 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 			errs[i] = messageFault(m.ID, fmt.Sprintf("message body is %d bytes, larger than the %d bytes the broker accepts (%s); store large payloads elsewhere and send a reference", len(m.Payload), maxSize, sizeFrom))
 			continue
 		}
+		if reason := unencodable(m); reason != "" {
+			errs[i] = messageFault(m.ID, reason)
+			continue
+		}
 		if pubErr != nil {
 			errs[i] = brokerFault(m.ID, "channel failed during the batch", pubErr)
 			continue
@@ -252,7 +256,15 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 			publishing(m))
 		if err != nil {
 			pubErr = err
-			errs[i] = brokerFault(m.ID, "channel failed during the batch", err)
+			if p.ch.IsClosed() {
+				errs[i] = brokerFault(m.ID, "channel failed during the batch", err)
+			} else {
+				// The channel was fine: the library refused this message.
+				// Blaming it keeps a message nothing can send from
+				// blocking the outbox; the connection is dropped below,
+				// as its state is uncertain after a partial publish.
+				errs[i] = messageFault(m.ID, "the AMQP client could not send the message: "+err.Error())
+			}
 			continue
 		}
 		pending = append(pending, inflight{i, dc})
@@ -281,7 +293,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	}
 	drain()
 
-	lost := timedOut || p.ch.IsClosed()
+	lost := timedOut || pubErr != nil || p.ch.IsClosed()
 	var closeErr *amqp.Error
 	if lost {
 		select {
@@ -348,6 +360,26 @@ func (p *AMQPPublisher) blame(m *outbox.Message, closeErr *amqp.Error) error {
 		return brokerFault(m.ID, "the broker closed the channel before confirming", closeErr)
 	}
 	return brokerFault(m.ID, "the connection was lost or timed out before the broker confirmed", nil)
+}
+
+// unencodable says why AMQP 0-9-1 cannot carry m, or returns "": short
+// strings (names, keys, properties, header names) hold at most 255 bytes.
+// Store.Add refuses such events; this guards rows written otherwise.
+func unencodable(m *outbox.Message) string {
+	for _, f := range []struct{ what, v string }{
+		{"exchange", m.Exchange}, {"routing key", m.RoutingKey}, {"content type", m.ContentType},
+		{"event type", m.EventType}, {"message id", m.ID},
+	} {
+		if len(f.v) > 255 {
+			return fmt.Sprintf("the %s is %d bytes; AMQP allows at most 255", f.what, len(f.v))
+		}
+	}
+	for k := range m.Headers {
+		if len(k) > 255 {
+			return fmt.Sprintf("header name %.40q… is %d bytes; AMQP allows at most 255", k, len(k))
+		}
+	}
+	return ""
 }
 
 func publishing(m *outbox.Message) amqp.Publishing {

@@ -455,3 +455,22 @@ func TestStalledBroker(t *testing.T) {
 	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "a stalled broker burns no attempts")
 	t.Logf("stats when stalled %+v, at the end %+v; %d duplicates", stalledAt, r.Stats(), b.consumer.Total()-b.consumer.Distinct())
 }
+
+// TestUnsendableRowDoesNotBlock: a row no AMQP client can send (written
+// around Store.Add, which refuses it) fails and parks instead of failing the
+// batch over and over.
+func TestUnsendableRowDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &outbox.StoreConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+	b.write(t, 10, 10, small)
+	_, err := b.db.Exec(`INSERT INTO "`+b.store.Table()+`" (id, event_type, exchange, routing_key, payload)
+		VALUES ('01a22f00-0000-7000-8000-000000000001', 'bad', $1, $2, '\x7b7d')`, b.top.Exchange, strings.Repeat("k", 300))
+	require.NoError(t, err)
+	b.write(t, 10, 10, small)
+	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 20 }, 30*time.Second, 20*time.Millisecond)
+	var lastError string
+	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+	require.Equal(t, "the routing key is 300 bytes; AMQP allows at most 255", lastError)
+}
