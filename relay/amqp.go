@@ -256,14 +256,14 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 			publishing(m))
 		if err != nil {
 			pubErr = err
-			if p.ch.IsClosed() {
-				errs[i] = brokerFault(m.ID, "channel failed during the batch", err)
-			} else {
-				// The channel was fine: the library refused this message.
+			if encodingError(err) {
+				// The library refused this message, not the network.
 				// Blaming it keeps a message nothing can send from
 				// blocking the outbox; the connection is dropped below,
 				// as its state is uncertain after a partial publish.
-				errs[i] = messageFault(m.ID, "the AMQP client could not send the message: "+err.Error())
+				errs[i] = messageFault(m.ID, "the AMQP client could not encode the message: "+err.Error())
+			} else {
+				errs[i] = brokerFault(m.ID, "channel failed during the batch", err)
 			}
 			continue
 		}
@@ -360,6 +360,12 @@ func (p *AMQPPublisher) blame(m *outbox.Message, closeErr *amqp.Error) error {
 		return brokerFault(m.ID, "the broker closed the channel before confirming", closeErr)
 	}
 	return brokerFault(m.ID, "the connection was lost or timed out before the broker confirmed", nil)
+}
+
+// encodingError reports whether a publish error is amqp091-go refusing the
+// message's content rather than a failing connection.
+func encodingError(err error) bool {
+	return errors.Is(err, amqp.ErrFieldType) || strings.Contains(err.Error(), "exceeds 255 bytes")
 }
 
 // unencodable says why AMQP 0-9-1 cannot carry m, or returns "": short
