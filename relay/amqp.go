@@ -37,6 +37,10 @@ const (
 	// KeyHeader carries Event.Key (the aggregate id) when it is set.
 	KeyHeader = "x-event-key"
 
+	// confirmWindow is the most messages published before their confirms
+	// are awaited.
+	confirmWindow = 1000
+
 	// closeGrace bounds closing a connection: a broker that stopped
 	// answering must not hold the publisher up.
 	closeGrace = 2 * time.Second
@@ -174,14 +178,25 @@ func redactedURIError(err error, raw string) string {
 	return msg
 }
 
-// Publish sends the batch and waits for the broker's confirms; see Publisher.
+// Publish sends the batch and waits for the broker's confirms; see
+// Publisher. Batches larger than 1000 messages go out in windows of 1000,
+// each confirmed before the next is sent.
 func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
-	errs := make([]error, len(msgs))
-	if len(msgs) == 0 {
-		return errs
-	}
+	errs := make([]error, 0, len(msgs))
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for start := 0; start < len(msgs); start += confirmWindow {
+		errs = append(errs, p.publishWindow(ctx, msgs[start:min(start+confirmWindow, len(msgs))])...)
+	}
+	return errs
+}
+
+// publishWindow publishes at most confirmWindow messages and awaits their
+// confirms. The bound matters: the broker's returns (unroutable messages)
+// wait in a buffer larger than the window, so the library never has to
+// drop one, which would let an unroutable message pass as published.
+func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
 	fail := func(reason string, err error) []error {
 		for i, m := range msgs {
 			errs[i] = brokerFault(m.ID, reason, err)
@@ -432,10 +447,11 @@ func (p *AMQPPublisher) ensureChannel(ctx context.Context) error {
 		return fmt.Errorf("enabling publisher confirms: %w", err)
 	}
 	p.ch = ch
-	// Buffered and always drained: amqp091-go drops notifications a listener
-	// does not take within seconds, and a dropped return would let an
-	// unroutable message pass as published.
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 256))
+	// Buffered beyond the confirm window, and drained while confirms are
+	// awaited: amqp091-go drops notifications a listener does not take
+	// within seconds, and a dropped return would let an unroutable message
+	// pass as published.
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, confirmWindow+24))
 	p.chClose = ch.NotifyClose(make(chan *amqp.Error, 1))
 	return nil
 }

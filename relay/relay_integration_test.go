@@ -474,3 +474,24 @@ func TestUnsendableRowDoesNotBlock(t *testing.T) {
 	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
 	require.Equal(t, "the routing key is 300 bytes; AMQP allows at most 255", lastError)
 }
+
+// TestLargeBatchWithUnroutable publishes a batch larger than the confirm
+// window with unroutable messages spread over it: every one of them must be
+// reported, none marked published.
+func TestLargeBatchWithUnroutable(t *testing.T) {
+	t.Parallel()
+	const n = 2500
+	b := setup(t, &outbox.StoreConfig{MaxAttempts: 1}, "routed.#")
+	b.write(t, n, 500, func(i int) outbox.Event {
+		if i%250 == 7 {
+			return outbox.Event{Type: "routed.lost", RoutingKey: "nowhere"}
+		}
+		return outbox.Event{Type: "routed.ok"}
+	})
+	r, _ := start(t, b.store, newPublisher(t, nil), &relay.Config{BatchSize: n, Lease: time.Minute, PublishTimeout: 30 * time.Second})
+	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 10 }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == n-10 }, time.Minute, 20*time.Millisecond)
+	require.EqualValues(t, 0, b.count(t, "routing_key = 'nowhere' AND published_at IS NOT NULL"))
+	require.EqualValues(t, 10, b.count(t, "routing_key = 'nowhere' AND last_error LIKE 'unroutable%'"))
+	require.Eventually(t, func() bool { return r.Stats().Published == n-10 }, 10*time.Second, 10*time.Millisecond)
+}
