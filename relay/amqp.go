@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -466,12 +467,7 @@ func (p *AMQPPublisher) dial(ctx context.Context) error {
 		i := (p.next + k) % len(p.urls)
 		props := amqp.NewConnectionProperties()
 		props.SetClientConnectionName(p.name)
-		conn, err := amqp.DialConfig(p.urls[i], amqp.Config{
-			Heartbeat:       p.heartbeat,
-			TLSClientConfig: p.tls,
-			Properties:      props,
-			Dial:            amqp.DefaultDial(p.dialTimeout),
-		})
+		conn, err := p.dialNode(ctx, p.urls[i], props)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p.display[i], err))
 			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.display[i]), slog.String("error", err.Error()))
@@ -491,6 +487,52 @@ func (p *AMQPPublisher) dial(ctx context.Context) error {
 	}
 	p.next = (p.next + 1) % len(p.urls)
 	return errors.Join(errs...)
+}
+
+// dialNode connects to one node. amqp091-go's dial is not context-aware; the
+// socket is closed when ctx ends, so that a shutdown is not held up by a
+// broker that accepts connections and then does not answer.
+func (p *AMQPPublisher) dialNode(ctx context.Context, url string, props amqp.Table) (*amqp.Connection, error) {
+	var (
+		mu      sync.Mutex
+		sockets []net.Conn
+	)
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sockets {
+			_ = s.Close()
+		}
+	})
+	conn, err := amqp.DialConfig(url, amqp.Config{
+		Heartbeat:       p.heartbeat,
+		TLSClientConfig: p.tls,
+		Properties:      props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: p.dialTimeout}
+			s, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// A deadline for the TLS and AMQP handshakes; amqp091-go clears
+			// it once the connection is open, as with its DefaultDial.
+			if err := s.SetDeadline(time.Now().Add(p.dialTimeout)); err != nil {
+				s.Close()
+				return nil, err
+			}
+			mu.Lock()
+			sockets = append(sockets, s)
+			mu.Unlock()
+			return s, nil
+		},
+	})
+	if !stop() { // ctx ended during the dial: whatever it produced is closed
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, ctx.Err()
+	}
+	return conn, err
 }
 
 // discard drops the channel, and the connection too when it is dead or all

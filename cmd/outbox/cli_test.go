@@ -199,3 +199,51 @@ func TestBench(t *testing.T) {
 	require.NotNil(t, m, errOut)
 	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, m[1]), "the scratch table is dropped")
 }
+
+// TestRelayDaemonReleasesOnSIGTERM stops `outbox relay` while it holds
+// claims it cannot publish (the broker stopped answering): it must exit 0
+// and leave no claim behind, so that another relay can take the messages at
+// once rather than after the lease.
+func TestRelayDaemonReleasesOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := filepath.Join(t.TempDir(), "outbox")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}, outbox.Event{Type: "c"}))
+	require.NoError(t, tx.Commit())
+
+	proxy := amqptest.NewProxy(t, strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@"))
+	proxy.Stall() // the broker accepts the connection and then never answers
+
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "relay", "--table", table, "--lease", "1h", "--publish-timeout", "50m", "--shutdown-timeout", "300ms")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+proxy.URL())
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE claimed_until > now() + interval '50 minutes'`) == 3
+	}, 30*time.Second, 10*time.Millisecond, "the relay claims the batch for an hour")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "exit 0 on SIGTERM; stderr:\n%s", stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("relay did not exit within 30s of SIGTERM; stderr:\n%s", stderr.String())
+	}
+	require.Contains(t, stdout.String(), "0 published, 0 failed, 3 released")
+	require.Zero(t, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE claim_token IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL`),
+		"released at once, without an attempt")
+}
