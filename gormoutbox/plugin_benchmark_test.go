@@ -27,7 +27,8 @@ func BenchmarkPlainModel(b *testing.B) {
 				require.NoError(b, db.Use(&gormoutbox.Plugin{}))
 			}
 			b.ReportAllocs()
-			for b.Loop() {
+			b.ResetTimer()
+			for range b.N {
 				if err := db.Create(&Plain{Name: "x"}).Error; err != nil {
 					b.Fatal(err)
 				}
@@ -43,7 +44,8 @@ func BenchmarkCreate(b *testing.B) {
 		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
 			bundle := setup(b, nil, nil)
 			b.ReportAllocs()
-			for b.Loop() {
+			b.ResetTimer()
+			for range b.N {
 				order := Order{Status: "new", Total: 1}
 				for i := range n {
 					order.Record(evt("order.placed", fmt.Sprint(i)))

@@ -36,7 +36,7 @@ func envInt(tb testing.TB, name string, def int) int {
 func BenchmarkEndToEnd(b *testing.B) {
 	n := envInt(b, "OUTBOX_BENCH_MESSAGES", 50_000)
 	var total int
-	for b.Loop() {
+	for range b.N {
 		b.StopTimer()
 		bundle := setup(b, nil)
 		bundle.write(b, n, 1000, small)
@@ -64,7 +64,7 @@ func BenchmarkLatency(b *testing.B) {
 	for _, mode := range []string{"poll", "notify"} {
 		b.Run("wakeup="+mode, func(b *testing.B) {
 			var all []time.Duration
-			for b.Loop() {
+			for range b.N {
 				all = append(all, measureLatency(b, mode, rate, seconds)...)
 			}
 			slices.Sort(all)
