@@ -199,19 +199,21 @@ func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 	if s.headers != nil {
 		base = s.headers(ctx)
 	}
-	args := make([]any, 0, min(len(evts), insertChunk)*insertColumns)
-	for start := 0; start < len(evts); start += insertChunk {
-		chunk := evts[start:min(start+insertChunk, len(evts))]
-		args = args[:0]
-		for i := range chunk {
-			row, err := s.rowArgs(&chunk[i], base)
-			if err != nil {
-				return err
-			}
-			args = append(args, row[:]...)
+	// Every row is built, and so every event checked, before the first
+	// INSERT: a bad event anywhere in the call writes nothing.
+	args := make([]any, 0, len(evts)*insertColumns)
+	for i := range evts {
+		row, err := s.rowArgs(&evts[i], base)
+		if err != nil {
+			return err
 		}
-		if _, err := tx.ExecContext(ctx, s.insertSQL(len(chunk)), args...); err != nil {
-			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(chunk), s.t.full, err)
+		args = append(args, row[:]...)
+	}
+	for start := 0; start < len(evts); start += insertChunk {
+		n := min(insertChunk, len(evts)-start)
+		chunk := args[start*insertColumns : (start+n)*insertColumns]
+		if _, err := tx.ExecContext(ctx, s.insertSQL(n), chunk...); err != nil {
+			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", n, s.t.full, err)
 		}
 	}
 	return nil
@@ -430,15 +432,20 @@ func (s *Store) fenced(ctx context.Context, what, query string, msgs []Message) 
 	if len(done) == len(msgs) {
 		return nil
 	}
-	lost := &LeaseLostError{}
+	var lost []string
 	for _, m := range msgs {
 		if !done[m.ID] {
-			lost.IDs = append(lost.IDs, m.ID)
+			lost = append(lost, m.ID)
 		}
 	}
+	return s.leaseLost(ctx, what, lost)
+}
+
+// leaseLost logs and returns the error for messages whose claim was lost.
+func (s *Store) leaseLost(ctx context.Context, what string, ids []string) error {
 	s.logger.WarnContext(ctx, "outbox: Lease lost", slog.String("table", s.t.full),
-		slog.String("operation", what), slog.Int("num_lost", len(lost.IDs)), slog.String("first_id", lost.IDs[0]))
-	return lost
+		slog.String("operation", what), slog.Int("num_lost", len(ids)), slog.String("first_id", ids[0]))
+	return &LeaseLostError{IDs: ids}
 }
 
 func (s *Store) fencedClaim(ctx context.Context, db *sql.DB, query string, ids []string, token string, done map[string]bool) error {
@@ -485,10 +492,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	)
 	err = db.QueryRowContext(ctx, s.q.markFailed, msg.ID, msg.claimToken, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
 	if errors.Is(err, sql.ErrNoRows) {
-		lost := &LeaseLostError{IDs: []string{msg.ID}}
-		s.logger.WarnContext(ctx, "outbox: Lease lost", slog.String("table", s.t.full),
-			slog.String("operation", "marking failed"), slog.Int("num_lost", 1), slog.String("first_id", msg.ID))
-		return lost
+		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, err)

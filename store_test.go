@@ -173,6 +173,9 @@ func TestAdd(t *testing.T) {
 		err = b.store.Add(ctx, tx, outbox.Event{Type: "ok"}, outbox.Event{Payload: []byte("no type")})
 		require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 		require.ErrorContains(t, err, "Type is empty")
+		// The bad event comes after the first INSERT's worth of good ones.
+		err = b.store.Add(ctx, tx, append(events(150), outbox.Event{Payload: []byte("no type")})...)
+		require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 		require.NoError(t, tx.Commit())
 		require.Zero(t, b.count(t, ""), "a bad event in a call writes none of the call's events")
 
@@ -647,4 +650,22 @@ func TestContextCancellation(t *testing.T) {
 	defer cancelShort()
 	_, err = b.store.Pending(short)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestExponentialBackoff(t *testing.T) {
+	t.Parallel()
+	const base, limit = 100 * time.Millisecond, 5 * time.Second
+	backoff := outbox.ExponentialBackoff(base, limit)
+	for n := 1; n <= 70; n++ {
+		nominal := limit
+		if n <= 6 { // 100ms·2^5 = 3.2s < 5s; 2^6 would pass the limit
+			nominal = base << (n - 1)
+		}
+		for range 20 {
+			d := backoff(n)
+			require.GreaterOrEqual(t, d, nominal/2, "attempt %d", n)
+			require.LessOrEqual(t, d, nominal, "attempt %d", n)
+		}
+	}
+	require.LessOrEqual(t, backoff(0), base, "attempts below 1 count as the first")
 }

@@ -10,6 +10,7 @@ import (
 	"entgo.io/ent"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/eventbox"
 )
 
 // ErrNoExecContext is returned when a mutation cannot write through its
@@ -110,56 +111,19 @@ func (o *Outbox) match(typ string, op ent.Op) []rule {
 	return out
 }
 
-// holder carries the events of WithEvents until a mutation takes them.
-type holder struct {
-	mu     sync.Mutex
-	events []outbox.Event
-}
-
-func (h *holder) take() []outbox.Event {
-	if h == nil {
-		return nil
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	evts := h.events
-	h.events = nil
-	return evts
-}
-
-func (h *holder) giveBack(evts []outbox.Event) {
-	if h == nil || len(evts) == 0 {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.events = append(evts, h.events...)
-}
-
-func (h *holder) pending() bool {
-	if h == nil {
-		return false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.events) > 0
-}
-
 type holderKey struct{}
 
 // WithEvents returns a context that carries events for the next mutation
 // run with it (or a context derived from it): that mutation writes them in
 // its transaction, once. Later mutations sharing the context do not write
-// them again.
+// them again. Events already carried by ctx stay shared with it: whichever
+// mutation comes first, through ctx or the returned context, writes them.
 func WithEvents(ctx context.Context, evts ...outbox.Event) context.Context {
-	if h, ok := ctx.Value(holderKey{}).(*holder); ok {
-		evts = append(h.take(), evts...)
-	}
-	return context.WithValue(ctx, holderKey{}, &holder{events: evts})
+	return context.WithValue(ctx, holderKey{}, eventbox.New(holderFrom(ctx), evts))
 }
 
-func holderFrom(ctx context.Context) *holder {
-	h, _ := ctx.Value(holderKey{}).(*holder)
+func holderFrom(ctx context.Context) *eventbox.Box {
+	h, _ := ctx.Value(holderKey{}).(*eventbox.Box)
 	return h
 }
 
@@ -255,7 +219,7 @@ func Hook[TX any](o *Outbox) ent.Hook {
 		return ent.MutateFunc(func(ctx context.Context, m ent.Mutation) (ent.Value, error) {
 			h := holderFrom(ctx)
 			rules := o.match(m.Type(), m.Op())
-			if len(rules) == 0 && !h.pending() {
+			if len(rules) == 0 && !h.Pending() {
 				return next.Mutate(ctx, m)
 			}
 			ex, ok := m.(outbox.Execer)
@@ -287,12 +251,12 @@ func Hook[TX any](o *Outbox) ent.Hook {
 					o.leave(key, seq, nil)
 				}
 			}()
-			evts := h.take() // taken now, so the first mutation to start gets them
+			evts := h.Take() // taken now, so the first mutation to start gets them
 			v, err := next.Mutate(ctx, m)
 			if err == nil {
 				evts, err = o.ruleEvents(ctx, evts, rules, m, v, ids)
 			} else {
-				h.giveBack(evts) // not consumed: the mutation did not happen
+				h.GiveBack(evts) // not consumed: the mutation did not happen
 				evts = nil
 			}
 			all, outermost := o.leave(key, seq, evts)

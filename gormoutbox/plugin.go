@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/eventbox"
 )
 
 // PluginName is the name the plugin registers under (gorm.Config.Plugins).
@@ -170,7 +171,7 @@ func (p *Plugin) capture(op string) func(*gorm.DB) {
 		}
 		var evts []outbox.Event
 		if v, ok := db.Statement.Settings.Load(SettingKey); ok {
-			evts = v.(*attached).take()
+			evts = v.(*eventbox.Box).Take()
 		}
 		// A statement that changed no row did not happen: an update that
 		// found nothing (Save falls back to a create, which captures), a
@@ -201,7 +202,7 @@ func describe(db *gorm.DB) string {
 // mayCarryEvents is true for statements with attached events and for models
 // that implement outbox.Source.
 func (p *Plugin) mayCarryEvents(db *gorm.DB) bool {
-	if v, ok := db.Statement.Settings.Load(SettingKey); ok && v.(*attached).pending() {
+	if v, ok := db.Statement.Settings.Load(SettingKey); ok && v.(*eventbox.Box).Pending() {
 		return true
 	}
 	rv := db.Statement.ReflectValue
@@ -286,37 +287,11 @@ func Publish(tx *gorm.DB, evts ...outbox.Event) error {
 //		return gormoutbox.Attach(tx, evt).Create(&invoice).Error
 //	})
 func Attach(db *gorm.DB, evts ...outbox.Event) *gorm.DB {
-	a := &attached{events: evts}
-	if prev, ok := db.Get(SettingKey); ok {
-		a.parent = prev.(*attached)
+	// GORM copies a statement's settings into every session derived from
+	// it; they all share this one box.
+	var prev *eventbox.Box
+	if v, ok := db.Get(SettingKey); ok {
+		prev = v.(*eventbox.Box)
 	}
-	return db.Set(SettingKey, a)
-}
-
-// attached holds the events of Attach. GORM copies a statement's settings
-// into every session derived from it; they all share this one holder, so
-// whichever write comes first takes the events, and only once.
-type attached struct {
-	mu     sync.Mutex
-	events []outbox.Event
-	parent *attached // events attached earlier to the same chain
-}
-
-func (a *attached) take() []outbox.Event {
-	var evts []outbox.Event
-	if a.parent != nil {
-		evts = a.parent.take()
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	evts = append(evts, a.events...)
-	a.events = nil
-	return evts
-}
-
-func (a *attached) pending() bool {
-	a.mu.Lock()
-	n := len(a.events)
-	a.mu.Unlock()
-	return n > 0 || (a.parent != nil && a.parent.pending())
+	return db.Set(SettingKey, eventbox.New(prev, evts))
 }

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,6 +71,9 @@ func Listen(ctx context.Context, cfg *Config) (<-chan struct{}, error) {
 	return l.wake, nil
 }
 
+// reconnectBackoff is the wait before the n-th reconnection attempt.
+var reconnectBackoff = outbox.ExponentialBackoff(100*time.Millisecond, 30*time.Second)
+
 type listener struct {
 	url, channel string
 	logger       *slog.Logger
@@ -107,8 +109,7 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 					return
 				}
 				failures++
-				wait := min(100*time.Millisecond<<min(failures, 9), 30*time.Second)
-				wait = wait/2 + rand.N(wait/2+1)
+				wait := reconnectBackoff(failures)
 				l.logger.WarnContext(ctx, "pgwake: Cannot listen; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
 				select {
 				case <-ctx.Done():

@@ -106,8 +106,8 @@ type AMQPPublisher struct {
 	dialTimeout    time.Duration
 	heartbeat      time.Duration
 	logger         *slog.Logger
-	maxMessageSize atomic.Int64
-	learnedSize    atomic.Bool // maxMessageSize came from the broker's refusal
+	configuredSize int64        // AMQPConfig.MaxMessageSize
+	maxMessageSize atomic.Int64 // lower than configuredSize once the broker refused a size
 
 	mu      sync.Mutex // one Publish at a time; guards everything below
 	closed  bool
@@ -149,7 +149,8 @@ func NewAMQPPublisher(cfg *AMQPConfig) (*AMQPPublisher, error) {
 	if cfg.MaxMessageSize < 0 {
 		return nil, fmt.Errorf("relay: AMQPConfig.MaxMessageSize must not be negative (got %d)", cfg.MaxMessageSize)
 	}
-	p.maxMessageSize.Store(int64(cmp.Or(cfg.MaxMessageSize, MaxMessageSizeDefault)))
+	p.configuredSize = int64(cmp.Or(cfg.MaxMessageSize, MaxMessageSizeDefault))
+	p.maxMessageSize.Store(p.configuredSize)
 	for i, u := range urls {
 		uri, err := amqp.ParseURI(u)
 		if err != nil {
@@ -232,7 +233,7 @@ func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message
 		maxSize  = p.maxMessageSize.Load()
 		sizeFrom = "AMQPConfig.MaxMessageSize"
 	)
-	if p.learnedSize.Load() {
+	if maxSize < p.configuredSize {
 		sizeFrom = "its max_message_size, learned from a refusal"
 	}
 	take := func(r amqp.Return, ok bool) {
@@ -366,7 +367,6 @@ func (p *AMQPPublisher) blame(m *outbox.Message, closeErr *amqp.Error) error {
 				limit, _ := strconv.ParseInt(sm[1], 10, 64)
 				if limit > 0 && limit < p.maxMessageSize.Load() {
 					p.maxMessageSize.Store(limit)
-					p.learnedSize.Store(true)
 				}
 				if int64(len(m.Payload)) > limit {
 					return messageFault(m.ID, fmt.Sprintf("message body is %d bytes, larger than the broker's max_message_size of %d bytes; store large payloads elsewhere and send a reference", len(m.Payload), limit))

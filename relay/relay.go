@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,6 +125,7 @@ type Relay struct {
 	running atomic.Bool
 	stats   counters
 
+	backoff   outbox.BackoffFunc                   // waits after broker or database failures
 	sleepHook func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
 
@@ -159,7 +159,8 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger}, nil
+	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger,
+		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }
 
 // Stats returns the relay's running totals.
@@ -214,11 +215,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case err != nil:
 			failures++
-			wait = backoff(failures, r.cfg.BackoffMax)
+			wait = r.backoff(failures)
 			r.logger.ErrorContext(ctx, "relay: Claiming failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
 		case res.brokerFaults > 0:
 			failures++
-			wait = backoff(failures, r.cfg.BackoffMax)
+			wait = r.backoff(failures)
 			r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
 				slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr), slog.Duration("retry_in", wait))
 		case res.claimed == r.cfg.BatchSize:
@@ -388,16 +389,4 @@ func (r *Relay) purge(ctx context.Context) {
 	case n > 0:
 		r.logger.InfoContext(ctx, "relay: Purged published messages", slog.Int64("num_purged", n), slog.Duration("older_than", r.cfg.PurgeAfter))
 	}
-}
-
-// backoff returns the n-th wait (n ≥ 1): doubling from 100ms up to limit,
-// each between half and all of its nominal value.
-func backoff(n int, limit time.Duration) time.Duration {
-	d := limit
-	if n < 30 {
-		if v := backoffMin << (n - 1); v < limit {
-			d = v
-		}
-	}
-	return d/2 + rand.N(d/2+1)
 }

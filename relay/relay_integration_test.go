@@ -222,7 +222,7 @@ func TestConnectionCutMidStream(t *testing.T) {
 	const n = 3000
 	b := setup(t, nil)
 	b.write(t, n, 500, small)
-	proxy := amqptest.NewProxy(t, strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@"))
+	proxy := amqptest.NewProxy(t)
 	r, _ := start(t, b.store, newPublisher(t, &relay.AMQPConfig{URL: proxy.URL()}),
 		&relay.Config{BatchSize: 50, PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 
@@ -416,8 +416,7 @@ func TestAMQPS(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	b.write(t, 20, 20, small)
-	target := strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@")
-	url, roots := amqptest.TLSProxy(t, target)
+	url, roots := amqptest.TLSProxy(t)
 
 	// Without trusting the proxy's certificate the connection is refused...
 	untrusting := newPublisher(t, &relay.AMQPConfig{URL: url, DialTimeout: 2 * time.Second})
@@ -436,7 +435,7 @@ func TestStalledBroker(t *testing.T) {
 	const n = 600
 	b := setup(t, nil)
 	b.write(t, n, 100, small)
-	proxy := amqptest.NewProxy(t, strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@"))
+	proxy := amqptest.NewProxy(t)
 	r, _ := start(t, b.store, newPublisher(t, &relay.AMQPConfig{URL: proxy.URL(), DialTimeout: time.Second}), &relay.Config{
 		BatchSize: 50, PollInterval: 10 * time.Millisecond, PublishTimeout: 500 * time.Millisecond, Lease: 5 * time.Second, BackoffMax: 200 * time.Millisecond,
 	})

@@ -42,15 +42,11 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	c.table = "outbox_bench_" + suffix
 	fmt.Fprintf(stderr, "bench: scratch table %s and exchange outbox.bench.%s, dropped at the end\n", c.table, suffix)
 
-	db, _, err := c.open(ctx)
+	db, store, err := c.open(ctx, &outbox.StoreConfig{Router: outbox.ToExchange("outbox.bench." + suffix)})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table, Router: outbox.ToExchange("outbox.bench." + suffix)})
-	if err != nil {
-		return err
-	}
 	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
 		return err
 	}

@@ -102,9 +102,9 @@ func (c *common) parse(args []string) error {
 	return nil
 }
 
-// open connects to the database and checks that the table exists, with
-// errors that say what to do.
-func (c *common) open(ctx context.Context) (*sql.DB, *outbox.Store, error) {
+// open connects to the database, with errors that say what to do, and
+// returns a store on the command's table configured by cfg (nil: defaults).
+func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *outbox.Store, error) {
 	if c.databaseURL == "" {
 		return nil, nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app)")
 	}
@@ -118,7 +118,11 @@ func (c *common) open(ctx context.Context) (*sql.DB, *outbox.Store, error) {
 		db.Close()
 		return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s: %w\nCheck that the server runs and DATABASE_URL is right", redact(c.databaseURL), err)
 	}
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table})
+	if cfg == nil {
+		cfg = &outbox.StoreConfig{}
+	}
+	cfg.Table = c.table
+	store, err := outbox.NewStore(db, cfg)
 	if err != nil {
 		db.Close()
 		return nil, nil, err
@@ -148,7 +152,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	db, store, err := c.open(ctx)
+	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -176,7 +180,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	db, store, err := c.open(ctx)
+	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -220,7 +224,7 @@ func cmdRetry(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintln(stderr, "outbox retry: give message ids or --all-parked (not both)")
 		return errUsage
 	}
-	db, store, err := c.open(ctx)
+	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -252,15 +256,11 @@ func cmdPurge(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintln(stderr, "outbox purge: --older-than is required and must be positive, e.g. --older-than 168h")
 		return errUsage
 	}
-	db, _, err := c.open(ctx)
+	db, store, err := c.open(ctx, &outbox.StoreConfig{PurgeBatchSize: *batch})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table, PurgeBatchSize: *batch})
-	if err != nil {
-		return err
-	}
 	started := time.Now()
 	last := started
 	n, err := store.PurgePublishedProgress(ctx, *olderThan, func(total int64) {
@@ -298,7 +298,7 @@ func cmdSchema(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		_, err := fmt.Fprint(stdout, ddl)
 		return err
 	}
-	db, _, err := c.open(ctx)
+	db, _, err := c.open(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -332,15 +332,11 @@ func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	db, _, err := c.open(ctx)
+	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, Logger: logger})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table, MaxAttempts: *maxAttempts, Logger: logger})
-	if err != nil {
-		return err
-	}
 	if _, err := store.Pending(ctx); err != nil {
 		return c.explain(err)
 	}

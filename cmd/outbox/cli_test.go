@@ -221,7 +221,7 @@ func TestRelayDaemonReleasesOnSIGTERM(t *testing.T) {
 	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}, outbox.Event{Type: "c"}))
 	require.NoError(t, tx.Commit())
 
-	proxy := amqptest.NewProxy(t, strings.TrimPrefix(strings.TrimSuffix(amqptest.URL(), "/"), "amqp://guest:guest@"))
+	proxy := amqptest.NewProxy(t)
 	proxy.Stall() // the broker accepts the connection and then never answers
 
 	var stdout, stderr bytes.Buffer

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,19 +208,31 @@ type Proxy struct {
 	conns   []net.Conn
 	cuts    int
 	wg      sync.WaitGroup
+	user    *url.Userinfo
 	stalled bool
 	gen     int // incremented by Cut, to release stalled pipes
 	open    *sync.Cond
 }
 
-// NewProxy listens on a free local port and forwards to target (host:port).
-func NewProxy(tb testing.TB, target string) *Proxy {
+// NewProxy listens on a free local port and forwards to the test broker.
+func NewProxy(tb testing.TB) *Proxy {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("amqptest: proxy listen: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target}
+	return serve(tb, ln)
+}
+
+// serve forwards the connections ln accepts to the test broker until the
+// test ends.
+func serve(tb testing.TB, ln net.Listener) *Proxy {
+	tb.Helper()
+	u, err := url.Parse(URL())
+	if err != nil {
+		tb.Fatalf("amqptest: TEST_AMQP_URL: %v", err)
+	}
+	p := &Proxy{ln: ln, target: u.Host, user: u.User}
 	p.open = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
@@ -261,7 +274,7 @@ func (p *Proxy) wait(gen int) bool {
 
 // URL returns an amqp URL that reaches the broker through the proxy.
 func (p *Proxy) URL() string {
-	return "amqp://guest:guest@" + p.ln.Addr().String() + "/"
+	return (&url.URL{Scheme: "amqp", User: p.user, Host: p.ln.Addr().String(), Path: "/"}).String()
 }
 
 func (p *Proxy) accept() {
@@ -374,10 +387,10 @@ func SetMaxMessageSize(tb testing.TB, size int) {
 }
 
 // TLSProxy terminates TLS with a fresh self-signed certificate for
-// "localhost" and forwards the plain connection to target, so that amqps://
-// can be tested against a broker without a TLS listener. It returns the
-// proxy's amqps URL and the certificate pool that trusts it.
-func TLSProxy(tb testing.TB, target string) (string, *x509.CertPool) {
+// "localhost" and forwards the plain connection to the test broker, so that
+// amqps:// can be tested against a broker without a TLS listener. It returns
+// the proxy's amqps URL and the certificate pool that trusts it.
+func TLSProxy(tb testing.TB) (string, *x509.CertPool) {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -411,17 +424,9 @@ func TLSProxy(tb testing.TB, target string) (string, *x509.CertPool) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target}
-	p.open = sync.NewCond(&p.mu)
-	p.wg.Add(1)
-	go p.accept()
-	tb.Cleanup(func() {
-		ln.Close()
-		p.Cut()
-		p.wg.Wait()
-	})
+	p := serve(tb, ln)
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return "amqps://guest:guest@localhost:" + port + "/", pool
+	return (&url.URL{Scheme: "amqps", User: p.user, Host: "localhost:" + port, Path: "/"}).String(), pool
 }
 
 // rabbitmqctl returns the command that runs rabbitmqctl with args: the
