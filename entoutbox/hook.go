@@ -222,16 +222,23 @@ func Hook[TX any](o *Outbox) ent.Hook {
 			if len(rules) == 0 && !h.Pending() {
 				return next.Mutate(ctx, m)
 			}
-			ex, ok := m.(outbox.Execer)
-			if !ok {
+			if _, ok := m.(outbox.Execer); !ok {
 				return nil, ErrNoExecContext
 			}
 			tm, ok := m.(txer[TX])
 			if !ok {
 				return nil, fmt.Errorf("entoutbox: %s mutation has no method Tx() (%T, error): pass your generated transaction type, as in Hook[*ent.Tx]", m.Type(), *new(TX))
 			}
-			if _, err := tm.Tx(); err != nil {
+			tx, err := tm.Tx()
+			if err != nil {
 				return nil, fmt.Errorf("%w (entoutbox: %s %s outside a transaction; run it in client.Tx)", outbox.ErrNoTransaction, m.Type(), m.Op())
+			}
+			// The generated *Tx writes through the mutation's transaction
+			// and, having Commit and Rollback, is what outbox.Store.Add
+			// accepts as a transaction.
+			ex, ok := any(tx).(outbox.Execer)
+			if !ok {
+				return nil, ErrNoExecContext
 			}
 
 			// Bulk updates and deletes: read the ids before they change.

@@ -36,7 +36,7 @@ const (
 	MaxMessageSizeDefault = 128 << 20
 
 	// KeyHeader carries Event.Key (the aggregate id) when it is set.
-	KeyHeader = "x-event-key"
+	KeyHeader = outbox.KeyHeader
 
 	// confirmWindow is the most messages published before their confirms
 	// are awaited.

@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Execer is what Add writes through: the caller's open transaction.
+//
+// Add accepts only values that prove they are a transaction by also having
+// Commit() error and Rollback() error: *sql.Tx, GORM's transaction
+// ConnPool (*sql.Tx, or *gorm.PreparedStmtTX with PrepareStmt), ent's
+// generated *Tx with the sql/execquery feature, sqlx's *Tx. A *sql.DB or a
+// *sql.Conn, which would commit each statement on its own, are refused with
+// ErrNoTransaction, as is anything else that cannot show it is a
+// transaction. For pgx's native pgx.Tx, use package pgxoutbox.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// transaction is what Add takes as proof that an Execer is a transaction.
+type transaction interface {
+	Commit() error
+	Rollback() error
+}
+
+const insertColumns = 8 // id, event_type, event_key, exchange, routing_key, payload, content_type, headers
+
+// KeyHeader is the AMQP header that carries Event.Key on the wire. An event
+// may not set it among its Headers: the key goes in Event.Key, so that the
+// table and the wire always agree.
+const KeyHeader = "x-event-key"
+
+// HeadersMaxBytes bounds an event's AMQP headers, Event.Key (sent as the
+// KeyHeader) included, as they are encoded on the wire. AMQP sends all of
+// a message's properties in one frame, and RabbitMQ closes the connection
+// when that frame exceeds its frame_max (128 KiB by default): Add refuses
+// larger headers with ErrInvalidEvent, leaving room for the other
+// properties.
+const HeadersMaxBytes = 64 << 10
+
+// Add writes events into the outbox through tx, the caller's open
+// transaction, so that they are published if and only if that transaction
+// commits. Add never uses the Store's own pool.
+//
+// tx must be a transaction (see Execer): anything else returns
+// ErrNoTransaction and writes nothing. Every event is checked before
+// anything is written; an event the broker could never take (no Type,
+// invalid UTF-8 or NUL bytes in a text field, AMQP size limits, a
+// KeyHeader among its headers) returns an error wrapping ErrInvalidEvent.
+//
+// Add writes all or nothing. Up to 100 events go out in one INSERT; more go
+// in several, inside a savepoint that is rolled back if one of them fails
+// (a cancelled ctx, say), so that a caller who commits after a failed Add
+// never commits part of the events.
+func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
+	if err := checkTransaction(tx); err != nil {
+		return err
+	}
+	if len(evts) == 0 {
+		return nil
+	}
+	var base map[string]string
+	if s.headers != nil {
+		base = s.headers(ctx)
+	}
+	// Every row is built, and so every event checked, before the first
+	// INSERT: a bad event anywhere in the call writes nothing.
+	args := make([]any, 0, len(evts)*insertColumns)
+	for i := range evts {
+		row, err := s.rowArgs(&evts[i], base)
+		if err != nil {
+			if len(evts) > 1 {
+				return fmt.Errorf("event %d of %d: %w", i+1, len(evts), err)
+			}
+			return err
+		}
+		args = append(args, row[:]...)
+	}
+	if len(evts) <= insertChunk {
+		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
+			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err)
+		}
+		return nil
+	}
+	return s.addChunked(ctx, tx, len(evts), args)
+}
+
+// addChunked writes more than insertChunk rows in several INSERTs inside a
+// savepoint, and rolls back to it when one fails.
+func (s *Store) addChunked(ctx context.Context, tx Execer, n int, args []any) error {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT outbox_add"); err != nil {
+		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
+	}
+	for start := 0; start < n; start += insertChunk {
+		k := min(insertChunk, n-start)
+		chunk := args[start*insertColumns : (start+k)*insertColumns]
+		if _, err := tx.ExecContext(ctx, s.insertSQL(k), chunk...); err != nil {
+			err = fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
+			// The caller's context may be what failed: undo on one that
+			// still works, briefly.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, rerr := tx.ExecContext(rctx, "ROLLBACK TO SAVEPOINT outbox_add"); rerr != nil {
+				return fmt.Errorf("%w; undoing the events written so far failed too (%v): roll the transaction back", err, rerr)
+			}
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT outbox_add"); err != nil {
+		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
+	}
+	return nil
+}
+
+// checkTransaction refuses what cannot be shown to be an open transaction.
+func checkTransaction(tx Execer) error {
+	if tx == nil {
+		return fmt.Errorf("%w (got nil)", ErrNoTransaction)
+	}
+	if v := reflect.ValueOf(tx); v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("%w (got a nil %T: did BeginTx fail?)", ErrNoTransaction, tx)
+	}
+	switch tx.(type) {
+	case *sql.DB:
+		return fmt.Errorf("%w (got a *sql.DB, which commits every statement on its own)", ErrNoTransaction)
+	case *sql.Conn:
+		return fmt.Errorf("%w (got a *sql.Conn, which commits every statement on its own; use conn.BeginTx)", ErrNoTransaction)
+	case transaction:
+		return nil
+	}
+	return fmt.Errorf("%w (%T has no Commit and Rollback methods, so it cannot be shown to be a transaction; pass the *sql.Tx itself, or pgxoutbox.Tx for pgx)", ErrNoTransaction, tx)
+}
+
+func (s *Store) rowArgs(e *Event, base map[string]string) ([insertColumns]any, error) {
+	var row [insertColumns]any
+	if e.Type == "" {
+		return row, fmt.Errorf("%w: Type is empty; every event needs a type such as \"order.placed\"", ErrInvalidEvent)
+	}
+	exchange, key := s.router(*e)
+	if e.Exchange != "" {
+		exchange = e.Exchange
+	}
+	if e.RoutingKey != "" {
+		key = e.RoutingKey
+	}
+	headers := e.Headers
+	if len(base) > 0 {
+		headers = make(map[string]string, len(base)+len(e.Headers))
+		for k, v := range base {
+			headers[k] = v
+		}
+		for k, v := range e.Headers {
+			headers[k] = v
+		}
+	}
+	if err := checkEvent(e, exchange, key, headers); err != nil {
+		return row, err
+	}
+	encoded := []byte("{}")
+	if len(headers) > 0 {
+		var err error
+		if encoded, err = json.Marshal(headers); err != nil {
+			return row, fmt.Errorf("outbox: encoding headers of %q event: %w", e.Type, err)
+		}
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return row, fmt.Errorf("outbox: generating message id: %w", err)
+	}
+	payload := e.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	row = [insertColumns]any{id.String(), e.Type, e.Key, exchange, key, payload, cmp.Or(e.ContentType, ContentTypeDefault), string(encoded)}
+	return row, nil
+}
+
+// shortStrMax is the longest AMQP 0-9-1 short string: exchange and queue
+// names, routing keys, message properties and header names.
+const shortStrMax = 255
+
+// checkEvent refuses, at write time where the error reaches the code that
+// made it, an event the database or the broker could never take: text the
+// database cannot store as it is (NUL bytes, invalid UTF-8, which JSON
+// would silently replace), short strings over 255 bytes, headers larger
+// than a frame.
+func checkEvent(e *Event, exchange, key string, headers map[string]string) error {
+	name := e.Type
+	if !validText(name) {
+		name = strings.ToValidUTF8(strings.ReplaceAll(name, "\x00", ""), "?")
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %.60q event: "+format, append([]any{ErrInvalidEvent, name}, args...)...)
+	}
+	for _, f := range []struct {
+		what, v string
+		short   bool
+	}{
+		{"Type", e.Type, true}, {"ContentType", e.ContentType, true}, {"exchange", exchange, true},
+		{"routing key", key, true}, {"Key", e.Key, false},
+	} {
+		if !validText(f.v) {
+			return bad("the %s is not valid UTF-8 text or holds a NUL byte", f.what)
+		}
+		if f.short && len(f.v) > shortStrMax {
+			return bad("the %s is %d bytes; AMQP allows at most %d", f.what, len(f.v), shortStrMax)
+		}
+	}
+	size := 4 // the table's length
+	if e.Key != "" {
+		size += 6 + len(KeyHeader) + len(e.Key)
+	}
+	for k, v := range headers {
+		switch {
+		case k == KeyHeader:
+			return bad("header %q is reserved for Event.Key; set Key instead", KeyHeader)
+		case k == "":
+			return bad("a header name is empty")
+		case !validText(k):
+			return bad("header name %.40q is not valid UTF-8 text or holds a NUL byte", k)
+		case !validText(v):
+			return bad("the value of header %.40q is not valid UTF-8 text or holds a NUL byte", k)
+		case len(k) > shortStrMax:
+			return bad("header name %.40q… is %d bytes; AMQP allows at most %d", k, len(k), shortStrMax)
+		}
+		size += 6 + len(k) + len(v)
+	}
+	if size > HeadersMaxBytes {
+		return bad("its headers and Key take %d bytes on the wire, more than the %d of HeadersMaxBytes (an AMQP frame carries them all); put large data in the Payload", size, HeadersMaxBytes)
+	}
+	return nil
+}
+
+// validText reports whether PostgreSQL can store s as text unchanged.
+func validText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// insertSQL returns the INSERT statement for n rows, built once per n so that
+// drivers and pools that prepare statements see a small, fixed set of texts.
+func (s *Store) insertSQL(n int) string {
+	s.insMu.Lock()
+	defer s.insMu.Unlock()
+	if q := s.inserts[n]; q != "" {
+		return q
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + s.t.quoted + " (id, event_type, event_key, exchange, routing_key, payload, content_type, headers) VALUES ")
+	p := 1
+	for r := 0; r < n; r++ {
+		if r > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		for c := 0; c < insertColumns; c++ {
+			if c > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("$" + strconv.Itoa(p))
+			if c == insertColumns-1 {
+				b.WriteString("::jsonb")
+			}
+			p++
+		}
+		b.WriteByte(')')
+	}
+	s.inserts[n] = b.String()
+	return s.inserts[n]
+}

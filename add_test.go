@@ -1,0 +1,153 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+)
+
+// poolWrapper hides a *sql.DB behind a type of its own: an Execer that
+// cannot be shown to be a transaction.
+type poolWrapper struct{ *sql.DB }
+
+// cancellingExecer cancels the context after the first INSERT it passes on.
+type cancellingExecer struct {
+	*sql.Tx
+	cancel  context.CancelFunc
+	inserts int
+}
+
+func (c *cancellingExecer) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	res, err := c.Tx.ExecContext(ctx, q, args...)
+	if strings.HasPrefix(q, "INSERT") {
+		if c.inserts++; c.inserts == 1 {
+			c.cancel()
+		}
+	}
+	return res, err
+}
+
+// Issue 13, C7 and D9: only a provable transaction is written through, and
+// misuse is an error, never a panic or a row committed on its own.
+func TestAddRefusesWhatIsNotATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	conn, err := b.db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+
+	for name, ex := range map[string]outbox.Execer{
+		"nil":         nil,
+		"nil *sql.Tx": (*sql.Tx)(nil),
+		"*sql.DB":     b.db,
+		"*sql.Conn":   conn,
+		"wrapped DB":  poolWrapper{b.db},
+	} {
+		err := b.store.Add(ctx, ex, events(1)...)
+		require.ErrorIs(t, err, outbox.ErrNoTransaction, name)
+		// Even with no events, a wrong Execer is a bug worth reporting.
+		require.ErrorIs(t, b.store.Add(ctx, ex), outbox.ErrNoTransaction, name)
+	}
+	require.ErrorContains(t, b.store.Add(ctx, (*sql.Tx)(nil), events(1)...), "did BeginTx fail?")
+	require.ErrorContains(t, b.store.Add(ctx, poolWrapper{b.db}, events(1)...), "outbox_test.poolWrapper has no Commit and Rollback")
+	require.Zero(t, b.count(t, ""), "nothing may be written, let alone committed")
+}
+
+// Issue 13, C8: a context cancelled between the INSERTs of a large Add
+// leaves none of its rows in the transaction, which stays usable.
+func TestAddCancelledMidwayLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	tx, err := b.db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck
+	require.NoError(t, b.store.Add(context.Background(), tx, outbox.Event{Type: "before"}))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ex := &cancellingExecer{Tx: tx, cancel: cancel}
+	err = b.store.Add(ctx, ex, events(250)...)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 2, ex.inserts, "the first INSERT went through, the second met the cancelled context")
+
+	// A caller who ignores the error and commits keeps only what came before.
+	require.NoError(t, tx.Commit())
+	require.EqualValues(t, 1, b.count(t, ""))
+	require.EqualValues(t, 1, b.count(t, "event_type = 'before'"))
+}
+
+// Issue 13, A2: what the database or the broker could never take is refused
+// at write time with ErrInvalidEvent, not with a raw PostgreSQL error that
+// aborts the caller's transaction, nor by silently changing it.
+func TestAddRefusesWhatCannotBeSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	big := strings.Repeat("h", 200<<10)
+	for name, c := range map[string]struct {
+		evt  outbox.Event
+		want string
+	}{
+		"header of 200 KiB":          {outbox.Event{Type: "x", Headers: map[string]string{"h": big}}, "more than the 65536 of HeadersMaxBytes"},
+		"key of 200 KiB":             {outbox.Event{Type: "x", Key: big}, "more than the 65536 of HeadersMaxBytes"},
+		"many headers":               {outbox.Event{Type: "x", Headers: manyHeaders(100, 1000)}, "HeadersMaxBytes"},
+		"NUL in type":                {outbox.Event{Type: "x\x00y"}, "Type is not valid UTF-8 text or holds a NUL byte"},
+		"NUL in key":                 {outbox.Event{Type: "x", Key: "k\x00"}, "Key is not valid UTF-8"},
+		"NUL in header value":        {outbox.Event{Type: "x", Headers: map[string]string{"h": "\x00"}}, `value of header "h"`},
+		"invalid UTF-8 in type":      {outbox.Event{Type: "x\xff"}, "Type is not valid UTF-8"},
+		"invalid UTF-8 in key":       {outbox.Event{Type: "x", Key: "\xc3"}, "Key is not valid UTF-8"},
+		"invalid UTF-8 header name":  {outbox.Event{Type: "x", Headers: map[string]string{"\xff": "v"}}, "header name"},
+		"invalid UTF-8 header value": {outbox.Event{Type: "x", Headers: map[string]string{"h": "\xff"}}, `value of header "h"`},
+		"invalid UTF-8 exchange":     {outbox.Event{Type: "x", Exchange: "\xff"}, "exchange is not valid UTF-8"},
+		"invalid UTF-8 routing key":  {outbox.Event{Type: "x", RoutingKey: "a\x00"}, "routing key is not valid UTF-8"},
+		"invalid UTF-8 content type": {outbox.Event{Type: "x", ContentType: "\xff"}, "ContentType is not valid UTF-8"},
+		"empty header name":          {outbox.Event{Type: "x", Headers: map[string]string{"": "v"}}, "a header name is empty"},
+		"x-event-key header":         {outbox.Event{Type: "x", Key: "k", Headers: map[string]string{outbox.KeyHeader: "other"}}, "reserved for Event.Key"},
+	} {
+		tx, err := b.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		err = b.store.Add(ctx, tx, outbox.Event{Type: "good"}, c.evt)
+		require.ErrorIs(t, err, outbox.ErrInvalidEvent, name)
+		require.ErrorContains(t, err, c.want, name)
+		require.ErrorContains(t, err, "event 2 of 2", name)
+		// The transaction is untouched: the business change can still commit.
+		_, err = tx.ExecContext(ctx, "SELECT 1")
+		require.NoError(t, err, name)
+		require.NoError(t, tx.Rollback())
+	}
+	require.Zero(t, b.count(t, ""))
+
+	// A key header from StoreConfig.Headers would also disagree with the
+	// table: refused the same way.
+	withBase := setup(t, &outbox.StoreConfig{Headers: func(context.Context) map[string]string {
+		return map[string]string{outbox.KeyHeader: "from-context"}
+	}})
+	tx, err := withBase.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck
+	require.ErrorIs(t, withBase.store.Add(ctx, tx, outbox.Event{Type: "x"}), outbox.ErrInvalidEvent)
+
+	// Just under the limit is fine, and arrives unchanged.
+	ok := outbox.Event{Type: "ünïcode.ok", Key: "ключ", Headers: map[string]string{"h": strings.Repeat("v", 60<<10)}}
+	b.addCommitted(t, ok)
+	msgs, err := b.store.Claim(ctx, 1, 60e9)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	require.Equal(t, ok.Type, msgs[0].EventType)
+	require.Equal(t, ok.Key, msgs[0].Key)
+	require.Equal(t, ok.Headers, msgs[0].Headers)
+}
+
+func manyHeaders(n, size int) map[string]string {
+	h := make(map[string]string, n)
+	for i := range n {
+		h[strings.Repeat("k", 1+i%200)+string(rune('a'+i%26))+strings.Repeat("x", i/26)] = strings.Repeat("v", size)
+	}
+	return h
+}

@@ -1,0 +1,206 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+func (s *Store) pool() (*sql.DB, error) {
+	if s.db == nil {
+		return nil, ErrNoPool
+	}
+	return s.db, nil
+}
+
+// Claim takes up to n messages that are ready to publish and leases them to
+// the caller for the given duration, by the database clock. It returns them
+// oldest first, and an empty slice when there is nothing to do.
+//
+// A claim is a lease, not a lock: no transaction stays open, and if the
+// claimer dies the rows become claimable again when the lease ends. The lease
+// must therefore be comfortably longer than publishing a batch takes, and no
+// longer than a stalled message may wait. Each call takes a fresh claim
+// token, which MarkPublished, MarkFailed and Release check.
+func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Message, error) {
+	db, err := s.pool()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("outbox: Claim: batch size must be at least 1 (got %d)", n)
+	}
+	if lease < time.Millisecond {
+		return nil, fmt.Errorf("outbox: Claim: lease must be at least 1ms (got %s)", lease)
+	}
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
+	}
+	rows, err := db.QueryContext(ctx, s.q.claim, n, lease.Microseconds(), token.String())
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
+	}
+	msgs, err := scanMessages(rows, token.String())
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
+	}
+	sortByID(msgs)
+	return msgs, nil
+}
+
+func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
+	defer rows.Close()
+	var msgs []Message
+	for rows.Next() {
+		var (
+			m        Message
+			headers  []byte
+			claimed  sql.NullTime
+			parkedAt sql.NullTime
+		)
+		if err := rows.Scan(&m.ID, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
+			&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt); err != nil {
+			return nil, err
+		}
+		if len(headers) > 2 {
+			if err := json.Unmarshal(headers, &m.Headers); err != nil {
+				return nil, fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
+			}
+		}
+		m.ClaimedUntil = claimed.Time
+		m.ParkedAt = parkedAt.Time
+		m.claimToken = token
+		msgs = append(msgs, m)
+	}
+	return msgs, rows.Err()
+}
+
+// MarkPublished records that the messages reached the broker. It changes
+// only rows that still carry the caller's claim; the others are reported in
+// a *LeaseLostError (errors.Is(err, ErrLeaseLost)) after the rest have been
+// marked. Such a message was claimed again by another relay, which may
+// publish it a second time: a duplicate, never a loss.
+func (s *Store) MarkPublished(ctx context.Context, msgs ...Message) error {
+	return s.fenced(ctx, "marking published", s.q.markPublished, msgs)
+}
+
+// Release gives claims back without counting an attempt: the messages can be
+// claimed again at once. A relay releases what it claimed but did not get to
+// publish (shutdown, broker outage). Rows no longer carrying the caller's
+// claim are left alone and reported like MarkPublished does.
+func (s *Store) Release(ctx context.Context, msgs ...Message) error {
+	return s.fenced(ctx, "releasing", s.q.release, msgs)
+}
+
+// fenced runs an UPDATE for the messages of each claim token and reports
+// the messages that matched no row as lost leases.
+func (s *Store) fenced(ctx context.Context, what, query string, msgs []Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	var (
+		tokens []string // in order of first appearance
+		ids    = make(map[string][]string)
+	)
+	for _, m := range msgs {
+		if m.claimToken == "" {
+			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
+		}
+		if _, ok := ids[m.claimToken]; !ok {
+			tokens = append(tokens, m.claimToken)
+		}
+		ids[m.claimToken] = append(ids[m.claimToken], m.ID)
+	}
+	done := make(map[string]bool, len(msgs))
+	for _, token := range tokens {
+		if err := s.fencedClaim(ctx, db, query, ids[token], token, done); err != nil {
+			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, err)
+		}
+	}
+	if len(done) == len(msgs) {
+		return nil
+	}
+	var lost []string
+	for _, m := range msgs {
+		if !done[m.ID] {
+			lost = append(lost, m.ID)
+		}
+	}
+	return s.leaseLost(ctx, what, lost)
+}
+
+// leaseLost logs and returns the error for messages whose claim was lost.
+func (s *Store) leaseLost(ctx context.Context, what string, ids []string) error {
+	s.logger.WarnContext(ctx, "outbox: Lease lost", slog.String("table", s.t.full),
+		slog.String("operation", what), slog.Int("num_lost", len(ids)), slog.String("first_id", ids[0]))
+	return &LeaseLostError{IDs: ids}
+}
+
+func (s *Store) fencedClaim(ctx context.Context, db *sql.DB, query string, ids []string, token string, done map[string]bool) error {
+	rows, err := db.QueryContext(ctx, query, ids, token)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		done[id] = true
+	}
+	return rows.Err()
+}
+
+// MarkFailed records a failed attempt to publish msg: it adds one to the
+// attempt count, keeps reason for whoever reads the table, releases the claim
+// and makes the message claimable again after the store's backoff. The
+// attempt that reaches MaxAttempts parks the message instead: it stays in the
+// table, counted by Pending and listed by Parked, until Retry re-arms it.
+//
+// Only a message that is the message's fault should be marked failed; when
+// the broker is down, Release it so that no attempt is burnt. Like
+// MarkPublished, MarkFailed leaves alone a row whose claim was lost and
+// returns a *LeaseLostError.
+func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	if msg.claimToken == "" {
+		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
+	}
+	if len(reason) > lastErrorMax {
+		reason = strings.ToValidUTF8(reason[:lastErrorMax], "") + "…"
+	}
+	delay := s.backoff(msg.Attempts + 1)
+	var (
+		attempts int
+		parked   bool
+	)
+	err = db.QueryRowContext(ctx, s.q.markFailed, msg.ID, msg.claimToken, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, err)
+	}
+	if parked {
+		s.logger.WarnContext(ctx, "outbox: Message parked after too many failed attempts",
+			slog.String("table", s.t.full), slog.String("outbox_id", msg.ID), slog.Int("attempts", attempts),
+			slog.String("last_error", truncate(reason, 200)))
+	}
+	return nil
+}

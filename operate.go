@@ -1,0 +1,188 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Pending returns how many messages are not yet published, counting those
+// currently claimed, those waiting out a backoff and those parked.
+func (s *Store) Pending(ctx context.Context) (int64, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := db.QueryRowContext(ctx, s.q.pending).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: counting pending messages in %s: %w", s.t.full, err)
+	}
+	return n, nil
+}
+
+// Stats is a snapshot of an outbox table for operators and metrics.
+type Stats struct {
+	// Pending counts unpublished messages, including claimed and parked ones.
+	Pending int64
+	// Claimed counts messages under a lease that has not expired.
+	Claimed int64
+	// Parked counts messages that exhausted their attempts.
+	Parked int64
+	// OldestPendingAge is how long the oldest unpublished message has been
+	// waiting (zero when nothing is pending).
+	OldestPendingAge time.Duration
+	// PublishedLastHour counts messages published in the last hour.
+	PublishedLastHour int64
+}
+
+// Stats returns counts of the table's messages by state.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	db, err := s.pool()
+	if err != nil {
+		return Stats{}, err
+	}
+	var (
+		st     Stats
+		oldest float64
+	)
+	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Claimed, &st.Parked, &oldest, &st.PublishedLastHour); err != nil {
+		return Stats{}, fmt.Errorf("outbox: reading stats of %s: %w", s.t.full, err)
+	}
+	st.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
+	return st, nil
+}
+
+// Parked returns up to limit parked messages, the most recently parked
+// first, with their attempt counts and last errors.
+func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
+	db, err := s.pool()
+	if err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("outbox: Parked: limit must be at least 1 (got %d)", limit)
+	}
+	rows, err := db.QueryContext(ctx, s.q.parked, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
+	}
+	msgs, err := scanMessages(rows, "")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
+	}
+	return msgs, nil
+}
+
+// Retry re-arms parked messages: their attempt count starts again from zero
+// and they can be claimed at once. Ids that are not parked are ignored. It
+// returns how many messages were re-armed.
+func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	for _, id := range ids {
+		if _, err := uuid.Parse(id); err != nil {
+			return 0, fmt.Errorf("outbox: Retry: %q is not a message id (a UUID)", id)
+		}
+	}
+	return s.execCount(ctx, db, "retrying parked messages", s.q.retry, ids)
+}
+
+// RetryAllParked re-arms every parked message, as Retry does, and returns how
+// many there were.
+func (s *Store) RetryAllParked(ctx context.Context) (int64, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	return s.execCount(ctx, db, "retrying parked messages", s.q.retryAll)
+}
+
+func (s *Store) execCount(ctx context.Context, db *sql.DB, what, query string, args ...any) (int64, error) {
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
+	}
+	return res.RowsAffected()
+}
+
+// PurgePublished deletes published messages older than olderThan and
+// returns how many it deleted. Unpublished messages are never touched. It
+// works in batches of StoreConfig.PurgeBatchSize rows, one short statement
+// each, so that a large purge neither locks much at once nor holds one long
+// transaction; cancelling ctx stops it between batches, keeping what was
+// deleted so far.
+//
+// Nothing else deletes published rows. How long to keep them is a question of
+// auditing rather than messaging, so the caller decides.
+func (s *Store) PurgePublished(ctx context.Context, olderThan time.Duration) (int64, error) {
+	return s.PurgePublishedProgress(ctx, olderThan, nil)
+}
+
+// PurgePublishedProgress is PurgePublished that calls progress with the
+// running total after every batch.
+func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Duration, progress func(deleted int64)) (int64, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	if olderThan < 0 {
+		return 0, fmt.Errorf("outbox: PurgePublished: age must not be negative (got %s)", olderThan)
+	}
+	var cutoff time.Time
+	if err := db.QueryRowContext(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("outbox: purging %s: %w", s.t.full, err)
+	}
+	var total int64
+	for {
+		n, err := s.execCount(ctx, db, "purging published messages", s.q.purge, cutoff, s.purgeBatch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if progress != nil && n > 0 {
+			progress(total)
+		}
+		if n < int64(s.purgeBatch) {
+			return total, nil
+		}
+	}
+}
+
+// CreateSchemaIfAbsent creates the outbox table and its indexes if they do
+// not exist yet.
+//
+// It is meant for development and tests. In production the table belongs to
+// the migrations that own the rest of your schema (see Migrations, Schema,
+// and `outbox schema`): when your database changes is not a library's
+// decision to take at start-up.
+func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	// Concurrent CREATE ... IF NOT EXISTS of one table can still collide in
+	// the catalog; a transaction-scoped advisory lock serialises them.
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "outbox:"+s.t.quoted); err != nil {
+		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
+	}
+	if _, err := tx.ExecContext(ctx, s.t.createSQL()); err != nil {
+		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package pgxoutbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/pgxoutbox"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestAddThroughAPgxTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	conn, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, pgxoutbox.Tx(tx), outbox.Event{Type: "rolled.back"}))
+	require.NoError(t, tx.Rollback(ctx))
+
+	tx, err = conn.Begin(ctx)
+	require.NoError(t, err)
+	evts := make([]outbox.Event, 150) // two INSERTs and a savepoint
+	for i := range evts {
+		evts[i] = outbox.Event{Type: "committed", Key: "k", Payload: []byte(`{}`), Headers: map[string]string{"h": "v"}}
+	}
+	require.NoError(t, store.Add(ctx, pgxoutbox.Tx(tx), evts...))
+	require.NoError(t, tx.Commit(ctx))
+
+	n, err := store.Pending(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 150, n, "the rolled back event is gone, the committed ones are there")
+	msgs, err := store.Claim(ctx, 1, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"h": "v"}, msgs[0].Headers)
+
+	require.ErrorIs(t, store.Add(ctx, pgxoutbox.Tx(nil), outbox.Event{Type: "x"}), outbox.ErrNoTransaction)
+}
