@@ -7,9 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +42,10 @@ const (
 	// closeGrace bounds closing a connection: a broker that stopped
 	// answering must not hold the publisher up.
 	closeGrace = 2 * time.Second
+
+	// closeReasonWait bounds the wait for the reason of a channel that is
+	// already closed.
+	closeReasonWait = 500 * time.Millisecond
 )
 
 // AMQPConfig configures an AMQPPublisher.
@@ -79,8 +80,10 @@ type AMQPConfig struct {
 	URL string
 
 	// URLs are the nodes of a cluster. They are tried in turn when the
-	// publisher (re)connects, starting after the last node that failed; URL,
-	// when set, is tried first.
+	// publisher (re)connects, starting with the node after the one it was
+	// last connected to, so that a node that just failed (or hangs
+	// instead of refusing) is tried last; URL, when set, is tried first
+	// at start-up.
 	URLs []string
 }
 
@@ -183,12 +186,67 @@ func redactedURIError(err error, raw string) string {
 // Publish sends the batch and waits for the broker's confirms; see
 // Publisher. Batches larger than 1000 messages go out in windows of 1000,
 // each confirmed before the next is sent.
+//
+// When the broker closes the channel or the connection because of
+// something the client sent (an ACCESS_REFUSED exchange, a frame too large,
+// …) and the reason does not name the message, Publish finds it: it
+// publishes the unconfirmed messages again in halves, each on a fresh
+// channel, down to the single message that the broker still refuses. That
+// message alone is reported as failed (its fault, an attempt counted); the
+// others are published.
 func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, 0, len(msgs))
+	if p == nil { // a nil *AMQPPublisher: not usable, like a closed one
+		for _, m := range msgs {
+			errs = append(errs, brokerFault(m.ID, "the publisher is nil", ErrPublisherClosed))
+		}
+		return errs
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for start := 0; start < len(msgs); start += confirmWindow {
-		errs = append(errs, p.publishWindow(ctx, msgs[start:min(start+confirmWindow, len(msgs))])...)
+		errs = append(errs, p.publishIsolating(ctx, msgs[start:min(start+confirmWindow, len(msgs))], 0)...)
+	}
+	return errs
+}
+
+// publishIsolating publishes a window and, if the broker closed the channel
+// for a reason that points at no message in particular, republishes the
+// suspects in halves until each is either confirmed or alone and refused.
+func (p *AMQPPublisher) publishIsolating(ctx context.Context, msgs []outbox.Message, depth int) []error {
+	errs := p.publishWindow(ctx, msgs)
+	var suspects []int
+	for i, err := range errs {
+		if pe, ok := err.(*PublishError); ok && pe.suspect {
+			suspects = append(suspects, i)
+		}
+	}
+	if len(suspects) == 0 {
+		return errs
+	}
+	if len(msgs) == 1 {
+		// Alone on a fresh channel, and the broker still refused what
+		// the client sent: this message is the cause.
+		pe := errs[0].(*PublishError)
+		errs[0] = messageFault(msgs[0].ID, "the broker closed the channel when this message was published on its own: "+pe.Err.Error())
+		return errs
+	}
+	if ctx.Err() != nil {
+		return errs // out of time: the suspects stay broker faults, released
+	}
+	if depth == 0 {
+		p.logger.WarnContext(ctx, "relay: The broker closed the channel because of a message it was sent; publishing the unconfirmed messages in smaller groups to find it",
+			slog.Int("num_suspects", len(suspects)), slog.String("error", errs[suspects[0]].(*PublishError).Err.Error()))
+	}
+	group := make([]outbox.Message, len(suspects))
+	for k, i := range suspects {
+		group[k] = msgs[i]
+	}
+	half := len(group) / 2
+	sub := p.publishIsolating(ctx, group[:half], depth+1)
+	sub = append(sub, p.publishIsolating(ctx, group[half:], depth+1)...)
+	for k, i := range suspects {
+		errs[i] = sub[k]
 	}
 	return errs
 }
@@ -206,7 +264,7 @@ func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message
 		return errs
 	}
 	if p.closed {
-		return fail("publisher is closed", nil)
+		return fail("the publisher was closed", ErrPublisherClosed)
 	}
 	if err := p.ensureChannel(ctx); err != nil {
 		return fail("cannot connect to the broker", err)
@@ -312,13 +370,16 @@ func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message
 
 	lost := timedOut || pubErr != nil || p.ch.IsClosed()
 	var closeErr *amqp.Error
-	if lost {
+	if lost && p.ch.IsClosed() {
+		// amqp091-go marks the channel closed before it hands out the
+		// reason: wait a moment for it, it decides who is to blame.
 		select {
 		case closeErr = <-p.chClose:
-		default:
+		case <-time.After(closeReasonWait):
 		}
 	}
 	acked := make([]bool, len(msgs))
+	nacked := false
 	for _, pd := range pending {
 		m := &msgs[pd.i]
 		select {
@@ -334,7 +395,13 @@ func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message
 		case pd.dc.Acked():
 			acked[pd.i] = true
 		case !lost:
-			errs[pd.i] = messageFault(m.ID, "the broker refused the message (nack): a queue may be full with overflow reject-publish, or the broker had an internal error")
+			// A nack says the broker could not take the message now (a
+			// queue full with overflow reject-publish, a quorum queue
+			// electing a leader, an internal error), not that the message
+			// is bad: no attempt is counted, and the channel, which may be
+			// the one that keeps being refused, is replaced.
+			errs[pd.i] = brokerFault(m.ID, "the broker refused the message (nack): a queue may be full with overflow reject-publish, a quorum queue may be electing a leader, or the broker had an internal error", nil)
+			nacked = true
 		}
 	}
 	if lost {
@@ -345,237 +412,9 @@ func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message
 				errs[i] = p.blame(&msgs[i], closeErr)
 			}
 		}
+	}
+	if lost || nacked {
 		p.discard(false)
 	}
 	return errs
-}
-
-var maxSizeRe = regexp.MustCompile(`larger than configured max size (\d+)`)
-
-// blame decides, from the reason the broker gave for closing the channel,
-// whether an unconfirmed message caused it. A missing exchange or an
-// oversized body is the message's fault; anything else is the broker's.
-func (p *AMQPPublisher) blame(m *outbox.Message, closeErr *amqp.Error) error {
-	if closeErr != nil {
-		switch closeErr.Code {
-		case amqp.NotFound:
-			if strings.Contains(closeErr.Reason, fmt.Sprintf("no exchange '%s'", m.Exchange)) {
-				return messageFault(m.ID, fmt.Sprintf("exchange %q does not exist (broker replied %d %s); declare it or change the Router", m.Exchange, closeErr.Code, closeErr.Reason))
-			}
-		case amqp.PreconditionFailed:
-			if sm := maxSizeRe.FindStringSubmatch(closeErr.Reason); sm != nil {
-				limit, _ := strconv.ParseInt(sm[1], 10, 64)
-				if limit > 0 && limit < p.maxMessageSize.Load() {
-					p.maxMessageSize.Store(limit)
-				}
-				if int64(len(m.Payload)) > limit {
-					return messageFault(m.ID, fmt.Sprintf("message body is %d bytes, larger than the broker's max_message_size of %d bytes; store large payloads elsewhere and send a reference", len(m.Payload), limit))
-				}
-			}
-		}
-		return brokerFault(m.ID, "the broker closed the channel before confirming", closeErr)
-	}
-	return brokerFault(m.ID, "the connection was lost or timed out before the broker confirmed", nil)
-}
-
-// encodingError reports whether a publish error is amqp091-go refusing the
-// message's content rather than a failing connection.
-func encodingError(err error) bool {
-	return errors.Is(err, amqp.ErrFieldType) || strings.Contains(err.Error(), "exceeds 255 bytes")
-}
-
-// unencodable says why AMQP 0-9-1 cannot carry m, or returns "": short
-// strings (names, keys, properties, header names) hold at most 255 bytes.
-// Store.Add refuses such events; this guards rows written otherwise.
-func unencodable(m *outbox.Message) string {
-	for _, f := range []struct{ what, v string }{
-		{"exchange", m.Exchange}, {"routing key", m.RoutingKey}, {"content type", m.ContentType},
-		{"event type", m.EventType}, {"message id", m.ID},
-	} {
-		if len(f.v) > 255 {
-			return fmt.Sprintf("the %s is %d bytes; AMQP allows at most 255", f.what, len(f.v))
-		}
-	}
-	for k := range m.Headers {
-		if len(k) > 255 {
-			return fmt.Sprintf("header name %.40q… is %d bytes; AMQP allows at most 255", k, len(k))
-		}
-	}
-	return ""
-}
-
-func publishing(m *outbox.Message) amqp.Publishing {
-	var headers amqp.Table
-	if len(m.Headers) > 0 || m.Key != "" {
-		headers = make(amqp.Table, len(m.Headers)+1)
-		for k, v := range m.Headers {
-			headers[k] = v
-		}
-		if m.Key != "" {
-			headers[KeyHeader] = m.Key
-		}
-	}
-	return amqp.Publishing{
-		Headers:      headers,
-		ContentType:  m.ContentType,
-		DeliveryMode: amqp.Persistent,
-		MessageId:    m.ID,
-		Timestamp:    m.CreatedAt,
-		Type:         m.EventType,
-		Body:         m.Payload,
-	}
-}
-
-// ensureChannel connects and opens the confirm-mode channel if needed.
-func (p *AMQPPublisher) ensureChannel(ctx context.Context) error {
-	if p.conn == nil || p.conn.IsClosed() {
-		p.discard(true)
-		if err := p.dial(ctx); err != nil {
-			return err
-		}
-	}
-	if p.ch != nil && !p.ch.IsClosed() {
-		return nil
-	}
-	ch, err := p.conn.Channel()
-	if err != nil {
-		p.discard(true)
-		return fmt.Errorf("opening a channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		p.discard(true)
-		return fmt.Errorf("enabling publisher confirms: %w", err)
-	}
-	p.ch = ch
-	// Buffered beyond the confirm window, and drained while confirms are
-	// awaited: amqp091-go drops notifications a listener does not take
-	// within seconds, and a dropped return would let an unroutable message
-	// pass as published.
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, confirmWindow+24))
-	p.chClose = ch.NotifyClose(make(chan *amqp.Error, 1))
-	return nil
-}
-
-// dial connects to the first node that answers, starting with p.next.
-func (p *AMQPPublisher) dial(ctx context.Context) error {
-	var errs []error
-	for k := range p.urls {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		i := (p.next + k) % len(p.urls)
-		props := amqp.NewConnectionProperties()
-		props.SetClientConnectionName(p.name)
-		conn, err := p.dialNode(ctx, p.urls[i], props)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", p.display[i], err))
-			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.display[i]), slog.String("error", err.Error()))
-			continue
-		}
-		p.next = i
-		p.conn = conn
-		blocked := &atomic.Bool{}
-		p.blocked = blocked
-		go func(c chan amqp.Blocking) { // always drained, see ensureChannel
-			for b := range c {
-				blocked.Store(b.Active)
-			}
-		}(conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
-		p.logger.InfoContext(ctx, "relay: Connected to broker", slog.String("node", p.display[i]))
-		return nil
-	}
-	p.next = (p.next + 1) % len(p.urls)
-	return errors.Join(errs...)
-}
-
-// dialNode connects to one node. amqp091-go's dial is not context-aware; the
-// socket is closed when ctx ends, so that a shutdown is not held up by a
-// broker that accepts connections and then does not answer.
-func (p *AMQPPublisher) dialNode(ctx context.Context, url string, props amqp.Table) (*amqp.Connection, error) {
-	var (
-		mu      sync.Mutex
-		sockets []net.Conn
-	)
-	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sockets {
-			_ = s.Close()
-		}
-	})
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:       p.heartbeat,
-		TLSClientConfig: p.tls,
-		Properties:      props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: p.dialTimeout}
-			s, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// A deadline for the TLS and AMQP handshakes; amqp091-go clears
-			// it once the connection is open, as with its DefaultDial.
-			if err := s.SetDeadline(time.Now().Add(p.dialTimeout)); err != nil {
-				s.Close()
-				return nil, err
-			}
-			mu.Lock()
-			sockets = append(sockets, s)
-			mu.Unlock()
-			return s, nil
-		},
-	})
-	if !stop() { // ctx ended during the dial: whatever it produced is closed
-		if conn != nil {
-			_ = conn.Close()
-		}
-		return nil, ctx.Err()
-	}
-	return conn, err
-}
-
-// discard drops the channel, and the connection too when it is dead or all
-// is set. The next Publish opens what is missing. It never waits for a
-// broker that does not answer: a channel is closed only once the broker
-// closed it (a no-op), and a connection with a deadline.
-func (p *AMQPPublisher) discard(all bool) {
-	if p.ch != nil {
-		go func(c chan amqp.Return) { // let the library finish whatever it still sends
-			for range c {
-			}
-		}(p.returns)
-		if p.ch.IsClosed() {
-			_ = p.ch.Close()
-		} else {
-			all = true // an open channel we give up on goes with its connection
-		}
-		p.ch = nil
-	}
-	if p.conn != nil && (all || p.conn.IsClosed()) {
-		_ = p.conn.CloseDeadline(time.Now().Add(closeGrace))
-		p.conn = nil
-		p.logger.Warn("relay: Broker connection dropped; reconnecting on the next batch")
-	}
-}
-
-// Close closes the connection (and with it the channel), waiting at most a
-// few seconds for the broker. Publish fails with a broker fault afterwards.
-func (p *AMQPPublisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
-	p.closed = true
-	p.ch = nil
-	if p.conn == nil {
-		return nil
-	}
-	err := p.conn.CloseDeadline(time.Now().Add(closeGrace))
-	p.conn = nil
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
-	}
-	return err
 }

@@ -16,6 +16,11 @@ import (
 // eventually parks it.
 var ErrBrokerUnavailable = errors.New("relay: broker unavailable")
 
+// ErrPublisherClosed is reported for every message given to an
+// AMQPPublisher after its Close. Run returns it: a relay cannot go on
+// without its publisher.
+var ErrPublisherClosed = errors.New("relay: publisher is closed")
+
 // PublishError is the error AMQPPublisher returns for a message it could not
 // publish.
 type PublishError struct {
@@ -29,6 +34,11 @@ type PublishError struct {
 	BrokerFault bool
 	// Err is the underlying error, if any.
 	Err error
+
+	// suspect marks a broker fault that a message of the batch may have
+	// caused: the broker closed the channel refusing something the client
+	// sent, without saying what.
+	suspect bool
 }
 
 func (e *PublishError) Error() string {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,8 @@ const (
 	PurgeIntervalDefault   = time.Hour
 	ShutdownTimeoutDefault = 10 * time.Second
 	settleTimeout          = 15 * time.Second
+	settleRetryMin         = 25 * time.Millisecond
+	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
 )
 
@@ -146,10 +149,10 @@ type Stats struct {
 // New returns a relay that takes messages from store and hands them to pub.
 // The caller keeps ownership of pub and closes it after Run returns.
 func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
-	if store == nil {
+	if isNil(store) {
 		return nil, errors.New("relay: New: store is nil")
 	}
-	if pub == nil {
+	if isNil(pub) {
 		return nil, errors.New("relay: New: publisher is nil")
 	}
 	if cfg == nil {
@@ -181,8 +184,13 @@ func (r *Relay) Stats() Stats {
 // another relay can take it at once. It returns nil after such a shutdown.
 //
 // Failures of the database or the broker do not stop Run: it logs them and
-// tries again after a jittered backoff. Run returns an error only when it is
-// already running.
+// tries again after a jittered backoff. Failures that will not go away by
+// themselves (wrong credentials, a missing database, vhost or table, no
+// permission) are retried too, since an operator may fix them while the
+// relay runs, but logged at error level as permanent. Run returns an error
+// when it is already running, when its publisher was closed
+// (ErrPublisherClosed) and when the store has no pool (outbox.ErrNoPool):
+// those cannot change while it runs.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -193,14 +201,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	// Purging runs beside the loop: deleting millions of old rows must not
 	// hold up publishing.
 	var purges sync.WaitGroup
+	purgeCtx, stopPurging := context.WithCancel(ctx)
 	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
 		purges.Add(1)
 		go func() {
 			defer purges.Done()
-			r.purgeLoop(ctx)
+			r.purgeLoop(purgeCtx)
 		}()
 	}
 	defer purges.Wait()
+	defer stopPurging()
 
 	var failures int
 	for {
@@ -211,17 +221,31 @@ func (r *Relay) Run(ctx context.Context) error {
 		res, err := r.runOnce(ctx)
 		var wait time.Duration
 		switch {
+		case fatal(err):
+			r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", err.Error()))
+			return err
 		case ctx.Err() != nil:
 			continue
 		case err != nil:
 			failures++
 			wait = r.backoff(failures)
-			r.logger.ErrorContext(ctx, "relay: Claiming failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+			if hint := permanent(err); hint != "" {
+				r.logger.ErrorContext(ctx, "relay: Claiming failed with a permanent error; retrying until it is fixed",
+					slog.String("error", err.Error()), slog.String("hint", hint), slog.Bool("permanent", true), slog.Duration("retry_in", wait))
+			} else {
+				r.logger.ErrorContext(ctx, "relay: Claiming failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+			}
 		case res.brokerFaults > 0:
 			failures++
 			wait = r.backoff(failures)
-			r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
-				slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr), slog.Duration("retry_in", wait))
+			if hint := permanent(res.brokerErr); hint != "" {
+				r.logger.ErrorContext(ctx, "relay: The broker refuses the relay with a permanent error; messages released, retrying until it is fixed",
+					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.String("hint", hint),
+					slog.Bool("permanent", true), slog.Duration("retry_in", wait))
+			} else {
+				r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
+					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.Duration("retry_in", wait))
+			}
 		case res.claimed == r.cfg.BatchSize:
 			failures = 0
 			continue // a full batch: there is probably more, go on at once
@@ -255,7 +279,7 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeup <-chan struct
 type result struct {
 	claimed      int
 	brokerFaults int
-	brokerErr    string
+	brokerErr    error
 }
 
 // runOnce claims one batch, publishes it and settles every message.
@@ -271,8 +295,10 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	r.stats.batches.Add(1)
 	settleCtx, cancelSettle := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancelSettle()
+	// Failed settles are retried while the lease leaves time for it.
+	until := time.Now().Add(r.cfg.Lease - r.cfg.Lease/4)
 	if ctx.Err() != nil {
-		r.release(settleCtx, msgs)
+		r.release(settleCtx, until, msgs)
 		return res, nil
 	}
 
@@ -292,8 +318,8 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	if len(errs) != len(msgs) {
 		r.logger.ErrorContext(ctx, "relay: Publisher returned a wrong number of results; releasing the batch",
 			slog.Int("num_messages", len(msgs)), slog.Int("num_results", len(errs)))
-		r.release(settleCtx, msgs)
-		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: "publisher returned a wrong number of results"}, nil
+		r.release(settleCtx, until, msgs)
+		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
 	var published, broker []outbox.Message
@@ -306,10 +332,13 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 		switch {
 		case err == nil:
 			published = append(published, msgs[i])
+		case errors.Is(err, ErrPublisherClosed):
+			r.release(settleCtx, until, msgs)
+			return res, err
 		case errors.Is(err, ErrBrokerUnavailable):
 			broker = append(broker, msgs[i])
-			if res.brokerErr == "" {
-				res.brokerErr = err.Error()
+			if res.brokerErr == nil {
+				res.brokerErr = err
 			}
 		default:
 			reason := err.Error()
@@ -325,27 +354,61 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	// Published first: it is what prevents a duplicate. Then failures, then
 	// releases.
 	if len(published) > 0 {
-		err := r.store.MarkPublished(settleCtx, published...)
+		err := r.retrying(settleCtx, until, "marking published", func(ctx context.Context) error {
+			return r.store.MarkPublished(ctx, published...)
+		})
 		r.stats.published.Add(r.settled(settleCtx, "marking published", len(published), err))
 	}
 	for _, f := range failed {
 		r.logger.WarnContext(ctx, "relay: Message failed", slog.String("outbox_id", f.msg.ID),
 			slog.String("event_type", f.msg.EventType), slog.Int("attempt", f.msg.Attempts+1), slog.String("error", f.reason))
-		err := r.store.MarkFailed(settleCtx, f.msg, f.reason)
+		err := r.retrying(settleCtx, until, "marking failed", func(ctx context.Context) error {
+			return r.store.MarkFailed(ctx, f.msg, f.reason)
+		})
 		r.stats.failed.Add(r.settled(settleCtx, "marking failed", 1, err))
 	}
-	r.release(settleCtx, broker)
+	r.release(settleCtx, until, broker)
 	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
 		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)))
 	return res, nil
 }
 
-func (r *Relay) release(ctx context.Context, msgs []outbox.Message) {
+func (r *Relay) release(ctx context.Context, until time.Time, msgs []outbox.Message) {
 	if len(msgs) == 0 {
 		return
 	}
-	err := r.store.Release(ctx, msgs...)
+	err := r.retrying(ctx, until, "releasing", func(ctx context.Context) error {
+		return r.store.Release(ctx, msgs...)
+	})
 	r.stats.released.Add(r.settled(ctx, "releasing", len(msgs), err))
+}
+
+// retrying runs a settle and, when it fails for a reason other than a lost
+// lease (a database session terminated, a connection dropped), runs it
+// again on a fresh connection of the pool, backing off, until it works or
+// the time left before until is too short. Marks and releases are fenced by
+// the claim token, so a retry can never touch a row that another relay has
+// claimed since; it saves the batch from being published a second time
+// after the lease.
+func (r *Relay) retrying(ctx context.Context, until time.Time, what string, op func(context.Context) error) error {
+	delay := settleRetryMin
+	for attempt := 1; ; attempt++ {
+		err := op(ctx)
+		if err == nil || errors.Is(err, outbox.ErrLeaseLost) || fatal(err) || ctx.Err() != nil ||
+			time.Now().Add(delay).After(until) {
+			return err
+		}
+		r.logger.WarnContext(ctx, "relay: Settling failed; retrying on another connection",
+			slog.String("operation", what), slog.Int("attempt", attempt), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		delay = min(2*delay, settleRetryMax)
+	}
 }
 
 // settled counts lost leases and logs a marking error, and returns how many
@@ -389,4 +452,17 @@ func (r *Relay) purge(ctx context.Context) {
 	case n > 0:
 		r.logger.InfoContext(ctx, "relay: Purged published messages", slog.Int64("num_purged", n), slog.Duration("older_than", r.cfg.PurgeAfter))
 	}
+}
+
+// isNil reports whether v is nil or an interface holding a nil pointer
+// (a (*outbox.Store)(nil), say), which would panic on first use.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }

@@ -129,7 +129,9 @@ func TestRunOnceSettlesInOrder(t *testing.T) {
 	r := newTestRelay(t, store, pub, &Config{BatchSize: 5})
 	res, err := r.runOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, result{claimed: 5, brokerFaults: 1, brokerErr: "relay: message c not published: connection lost"}, res)
+	require.Equal(t, 5, res.claimed)
+	require.Equal(t, 1, res.brokerFaults)
+	require.EqualError(t, res.brokerErr, "relay: message c not published: connection lost")
 	require.Equal(t, []string{
 		"claim a,b,c,d,e",
 		"published a,d",
@@ -263,7 +265,7 @@ func TestRunShutdownMarksWhatWasConfirmed(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	store, pub := &fakeStore{}, PublisherFunc(nil)
+	store, pub := &fakeStore{}, PublisherFunc(func(context.Context, []outbox.Message) []error { return nil })
 	for _, tc := range []struct {
 		cfg  Config
 		want string
@@ -281,6 +283,13 @@ func TestConfigValidation(t *testing.T) {
 	_, err := New(nil, pub, nil)
 	require.ErrorContains(t, err, "store is nil")
 	_, err = New(store, nil, nil)
+	require.ErrorContains(t, err, "publisher is nil")
+	// Issue 13, D9: typed nils are refused too, instead of panicking in Run.
+	_, err = New((*outbox.Store)(nil), pub, nil)
+	require.ErrorContains(t, err, "store is nil")
+	_, err = New(store, (*AMQPPublisher)(nil), nil)
+	require.ErrorContains(t, err, "publisher is nil")
+	_, err = New(store, PublisherFunc(nil), nil)
 	require.ErrorContains(t, err, "publisher is nil")
 	r, err := New(store, pub, nil)
 	require.NoError(t, err)

@@ -429,6 +429,17 @@ func TLSProxy(tb testing.TB) (string, *x509.CertPool) {
 	return (&url.URL{Scheme: "amqps", User: p.user, Host: "localhost:" + port, Path: "/"}).String(), pool
 }
 
+// Ctl runs rabbitmqctl with args and returns its output, failing the test
+// if it fails.
+func Ctl(tb testing.TB, args ...string) string {
+	tb.Helper()
+	out, err := rabbitmqctl(tb, args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("amqptest: rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
 // rabbitmqctl returns the command that runs rabbitmqctl with args: the
 // prefix in OUTBOX_RABBITMQCTL if set, rabbitmqctl itself if it is on the
 // PATH, else rabbitmqctl inside the docker compose service of the repository.

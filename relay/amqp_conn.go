@@ -1,0 +1,170 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func (p *AMQPPublisher) ensureChannel(ctx context.Context) error {
+	if p.conn == nil || p.conn.IsClosed() {
+		p.discard(true)
+		if err := p.dial(ctx); err != nil {
+			return err
+		}
+	}
+	if p.ch != nil && !p.ch.IsClosed() {
+		return nil
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		p.discard(true)
+		return fmt.Errorf("opening a channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		p.discard(true)
+		return fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	p.ch = ch
+	// Buffered beyond the confirm window, and drained while confirms are
+	// awaited: amqp091-go drops notifications a listener does not take
+	// within seconds, and a dropped return would let an unroutable message
+	// pass as published.
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, confirmWindow+24))
+	p.chClose = ch.NotifyClose(make(chan *amqp.Error, 1))
+	return nil
+}
+
+// dial connects to the first node that answers, starting with p.next.
+func (p *AMQPPublisher) dial(ctx context.Context) error {
+	var errs []error
+	for k := range p.urls {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		i := (p.next + k) % len(p.urls)
+		props := amqp.NewConnectionProperties()
+		props.SetClientConnectionName(p.name)
+		conn, err := p.dialNode(ctx, p.urls[i], props)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p.display[i], err))
+			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.display[i]), slog.String("error", err.Error()))
+			continue
+		}
+		p.next = (i + 1) % len(p.urls) // a reconnect tries the other nodes first
+		p.conn = conn
+		blocked := &atomic.Bool{}
+		p.blocked = blocked
+		go func(c chan amqp.Blocking) { // always drained, see ensureChannel
+			for b := range c {
+				blocked.Store(b.Active)
+			}
+		}(conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
+		p.logger.InfoContext(ctx, "relay: Connected to broker", slog.String("node", p.display[i]))
+		return nil
+	}
+	p.next = (p.next + 1) % len(p.urls)
+	return errors.Join(errs...)
+}
+
+// dialNode connects to one node. amqp091-go's dial is not context-aware; the
+// socket is closed when ctx ends, so that a shutdown is not held up by a
+// broker that accepts connections and then does not answer.
+func (p *AMQPPublisher) dialNode(ctx context.Context, url string, props amqp.Table) (*amqp.Connection, error) {
+	var (
+		mu      sync.Mutex
+		sockets []net.Conn
+	)
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sockets {
+			_ = s.Close()
+		}
+	})
+	conn, err := amqp.DialConfig(url, amqp.Config{
+		Heartbeat:       p.heartbeat,
+		TLSClientConfig: p.tls,
+		Properties:      props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: p.dialTimeout}
+			s, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// A deadline for the TLS and AMQP handshakes; amqp091-go clears
+			// it once the connection is open, as with its DefaultDial.
+			if err := s.SetDeadline(time.Now().Add(p.dialTimeout)); err != nil {
+				s.Close()
+				return nil, err
+			}
+			mu.Lock()
+			sockets = append(sockets, s)
+			mu.Unlock()
+			return s, nil
+		},
+	})
+	if !stop() { // ctx ended during the dial: whatever it produced is closed
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, ctx.Err()
+	}
+	return conn, err
+}
+
+// discard drops the channel, and the connection too when it is dead or all
+// is set. The next Publish opens what is missing. It never waits for a
+// broker that does not answer: a channel is closed only once the broker
+// closed it (a no-op), and a connection with a deadline.
+func (p *AMQPPublisher) discard(all bool) {
+	if p.ch != nil {
+		go func(c chan amqp.Return) { // let the library finish whatever it still sends
+			for range c {
+			}
+		}(p.returns)
+		if p.ch.IsClosed() {
+			_ = p.ch.Close()
+		} else {
+			all = true // an open channel we give up on goes with its connection
+		}
+		p.ch = nil
+	}
+	if p.conn != nil && (all || p.conn.IsClosed()) {
+		_ = p.conn.CloseDeadline(time.Now().Add(closeGrace))
+		p.conn = nil
+		p.logger.Warn("relay: Broker connection dropped; reconnecting on the next batch")
+	}
+}
+
+// Close closes the connection (and with it the channel), waiting at most a
+// few seconds for the broker. Publish fails with a broker fault afterwards.
+func (p *AMQPPublisher) Close() error {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	p.ch = nil
+	if p.conn == nil {
+		return nil
+	}
+	err := p.conn.CloseDeadline(time.Now().Add(closeGrace))
+	p.conn = nil
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,49 @@
+package relay
+
+import (
+	"errors"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox"
+)
+
+// fatal reports whether err ends Run: nothing that happens while it runs
+// can repair it.
+func fatal(err error) bool {
+	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool)
+}
+
+// permanent returns advice when err will not go away by waiting (a person
+// has to change a password, a permission or the schema), or "". The relay
+// still retries such errors, as the fix may come while it runs, but logs
+// them at error level as permanent.
+func permanent(err error) string {
+	if err == nil {
+		return ""
+	}
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) {
+		switch st.SQLState() {
+		case "28P01", "28000":
+			return "PostgreSQL refused the credentials: check the database URL's user and password"
+		case "3D000":
+			return "the database does not exist: check the database URL"
+		case "3F000":
+			return "the schema does not exist: create it or fix the table name"
+		case "42501":
+			return "the database user lacks a privilege on the outbox table: GRANT SELECT, UPDATE, DELETE on it"
+		case "42P01":
+			return "the outbox table does not exist: create it with `outbox schema --apply` or your migrations"
+		case "42703":
+			return "the outbox table lacks a column: it was not created by this version's schema; apply the migrations"
+		}
+	}
+	switch {
+	case errors.Is(err, amqp.ErrCredentials), errors.Is(err, amqp.ErrSASL):
+		return "RabbitMQ refused the credentials: check the AMQP URL's user and password"
+	case errors.Is(err, amqp.ErrVhost):
+		return "the user has no access to the vhost, or it does not exist: check the AMQP URL's vhost and the user's permissions"
+	}
+	return ""
+}
