@@ -186,3 +186,20 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Purgeable counts the published messages older than olderThan: what
+// PurgePublished would delete now. Operators see it before they purge.
+func (s *Store) Purgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	if olderThan < 0 {
+		return 0, fmt.Errorf("outbox: Purgeable: age must not be negative (got %s)", olderThan)
+	}
+	var n int64
+	if err := db.QueryRowContext(ctx, s.q.purgeable, olderThan.Microseconds()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", s.t.full, err)
+	}
+	return n, nil
+}

@@ -7,7 +7,7 @@ import "strings"
 type queries struct {
 	claim, markPublished, release, markFailed string
 	pending, stats, parked, retry, retryAll   string
-	purge                                     string
+	purge, purgeable                          string
 }
 
 const messageColumns = `o.id, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
@@ -90,6 +90,9 @@ WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL AND published_at IS NULL`),
 		retryAll: r.Replace(`UPDATE {table}
 SET parked_at = NULL, attempts = 0, available_at = now()
 WHERE parked_at IS NOT NULL AND published_at IS NULL`),
+
+		purgeable: r.Replace(`SELECT count(*) FROM {table}
+WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),
 
 		purge: r.Replace(`DELETE FROM {table} WHERE id IN (
 	SELECT id FROM {table}

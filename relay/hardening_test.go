@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -187,24 +185,6 @@ func TestClosedPublisherStopsRun(t *testing.T) {
 	require.ErrorIs(t, r.Run(ctx), outbox.ErrNoPool)
 }
 
-// syncBuffer is a log sink tests can read while the relay writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Issue 13, A3: errors that waiting will not fix are still retried (an
 // operator may fix them while the relay runs) but logged at error level as
 // permanent, with advice, and without the password.
@@ -213,7 +193,7 @@ func TestPermanentErrorsAreLoggedAsSuch(t *testing.T) {
 	b := setup(t, nil)
 	b.write(t, 1, 1, small)
 	run := func(store relay.Store, pub relay.Publisher, want string) string {
-		var logs syncBuffer
+		var logs dbtest.Buffer
 		logger := slog.New(slog.NewTextHandler(&logs, nil))
 		r, err := relay.New(store, pub, &relay.Config{Logger: logger, BackoffMax: 200 * time.Millisecond})
 		require.NoError(t, err)

@@ -55,7 +55,8 @@ type Config struct {
 
 	// PublishTimeout bounds publishing one batch, confirms included.
 	// Messages without a confirm by then are released, not marked.
-	// Defaults to 10s. Must be shorter than Lease.
+	// Defaults to 10s, or a third of Lease if that is shorter. Must be
+	// shorter than Lease.
 	PublishTimeout time.Duration
 
 	// PurgeAfter, when set, makes the relay purge published messages older
@@ -84,7 +85,7 @@ func (c *Config) withDefaults() Config {
 		Lease:           cmp.Or(c.Lease, LeaseDefault),
 		Logger:          cmp.Or(c.Logger, slog.Default()),
 		PollInterval:    cmp.Or(c.PollInterval, PollIntervalDefault),
-		PublishTimeout:  cmp.Or(c.PublishTimeout, PublishTimeoutDefault),
+		PublishTimeout:  cmp.Or(c.PublishTimeout, min(PublishTimeoutDefault, cmp.Or(c.Lease, LeaseDefault)/3)),
 		PurgeAfter:      c.PurgeAfter,
 		PurgeInterval:   cmp.Or(c.PurgeInterval, PurgeIntervalDefault),
 		ShutdownTimeout: cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault),

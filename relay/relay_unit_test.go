@@ -291,8 +291,13 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "publisher is nil")
 	_, err = New(store, PublisherFunc(nil), nil)
 	require.ErrorContains(t, err, "publisher is nil")
-	r, err := New(store, pub, nil)
+	// Issue 9, item 4: a Lease alone is enough; PublishTimeout follows it.
+	r, err := New(store, pub, &Config{Lease: 5 * time.Second})
 	require.NoError(t, err)
+	require.Equal(t, 5*time.Second/3, r.cfg.PublishTimeout)
+	r, err = New(store, pub, nil)
+	require.NoError(t, err)
+	require.Equal(t, PublishTimeoutDefault, r.cfg.PublishTimeout)
 	require.Equal(t, BatchSizeDefault, r.cfg.BatchSize)
 	require.Equal(t, LeaseDefault, r.cfg.Lease)
 }

@@ -5,11 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,12 +17,16 @@ import (
 	"github.com/acemq/outbox/relay"
 )
 
+// maxRate is the fastest --rate: a tick must be at least a microsecond.
+const maxRate = 1_000_000
+
 // cmdBench measures this database and broker: it writes messages into a
 // scratch table, relays them to a scratch exchange and reports throughput
 // and commit-to-consume latency. It drops what it created.
-func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("bench", stderr, getenv, false)
-	amqpURL := c.fs.String("amqp-url", getenv("AMQP_URL"), "RabbitMQ URL (default $AMQP_URL, else amqp://guest:guest@localhost:5672/)")
+func cmdBench(ctx context.Context, x *cli, args []string) error {
+	stdout, stderr := x.stdout, x.stderr
+	c := newCommon("bench", x, false)
+	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	n := c.fs.Int("messages", 50_000, "messages to relay")
 	rate := c.fs.Int("rate", 0, "write this many messages per second while the relay runs (0: write all first, then measure throughput)")
 	batch := c.fs.Int("batch-size", 500, "relay batch size")
@@ -32,9 +34,18 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	if *n < 1 || *batch < 1 || *perTx < 1 || *rate < 0 {
-		fmt.Fprintln(stderr, "outbox bench: --messages, --batch-size and --per-tx must be positive, --rate not negative")
-		return errUsage
+	urls := c.amqpURLs(*amqpURL)
+	if err := c.positive(map[string]int64{"messages": int64(*n), "batch-size": int64(*batch), "per-tx": int64(*perTx)}); err != nil {
+		return err
+	}
+	if *rate < 0 || *rate > maxRate {
+		return c.usageError("--rate must be between 0 and %d messages per second", maxRate)
+	}
+	if len(urls) == 0 {
+		urls = []string{relay.AMQPURLDefault}
+	}
+	if _, err := amqp.ParseURI(urls[0]); err != nil {
+		return fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
@@ -52,13 +63,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	}
 	defer db.ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS "`+c.table+`"`) //nolint:errcheck
 
-	url := *amqpURL
-	if url == "" {
-		url = relay.AMQPURLDefault
-	}
-	conn, err := amqp.Dial(strings.Split(url, ",")[0])
+	conn, err := amqp.Dial(urls[0])
 	if err != nil {
-		return fmt.Errorf("cannot reach RabbitMQ (AMQP_URL): %w", err)
+		return fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -129,7 +136,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	}
 
 	startRelay := func() (func() relay.Stats, error) {
-		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: strings.Split(url, ","), ConnectionName: "outbox-bench",
+		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: "outbox-bench",
 			Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		if err != nil {
 			return nil, err

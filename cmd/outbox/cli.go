@@ -7,18 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net/url"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/acemq/outbox"
-	"github.com/acemq/outbox/pgwake"
-	"github.com/acemq/outbox/relay"
 )
 
 const usage = `outbox: the relay and operator tool of github.com/acemq/outbox
@@ -37,67 +32,160 @@ The database comes from --database-url or DATABASE_URL, the broker from
 Run "outbox <command> -h" for a command's flags.
 `
 
-// errUsage marks errors already explained by the flag package.
+// errUsage marks errors already explained on stderr.
 var errUsage = errors.New("usage")
 
 type env func(string) string
 
-// run executes one command and returns the process exit code: 0 success,
-// 1 failure, 2 bad usage.
+// cli is what every command gets: its output (with secrets filtered out)
+// and its environment.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         env
+	secrets        *secrets
+}
+
+type command func(context.Context, *cli, []string) error
+
+var commands = map[string]command{
+	"relay":  cmdRelay,
+	"status": cmdStatus,
+	"parked": cmdParked,
+	"retry":  cmdRetry,
+	"purge":  cmdPurge,
+	"schema": cmdSchema,
+	"bench":  cmdBench,
+}
+
+// run executes one command and returns the process exit code: 0 success
+// (and help asked for), 1 failure, 2 bad usage.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stdout, usage)
+	sec := &secrets{}
+	sec.addDSN(getenv("DATABASE_URL"))
+	sec.addDSN(strings.Split(getenv("AMQP_URL"), ",")...)
+	x := &cli{stdout: sec.writer(stdout), stderr: sec.writer(stderr), getenv: getenv, secrets: sec}
+
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help" {
+		if len(args) > 1 && args[0] == "help" {
+			if _, ok := commands[args[1]]; ok { // outbox help status = outbox status --help
+				return run(ctx, []string{args[1], "--help"}, stdout, stderr, getenv)
+			}
+			fmt.Fprintf(x.stderr, "outbox: unknown command %q\n\n%s", args[1], usage)
+			return 2
+		}
+		fmt.Fprint(x.stdout, usage)
 		if len(args) == 0 {
 			return 2
 		}
 		return 0
 	}
-	commands := map[string]func(context.Context, []string, io.Writer, io.Writer, env) error{
-		"relay":  cmdRelay,
-		"status": cmdStatus,
-		"parked": cmdParked,
-		"retry":  cmdRetry,
-		"purge":  cmdPurge,
-		"schema": cmdSchema,
-		"bench":  cmdBench,
-	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "outbox: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(x.stderr, "outbox: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
-	err := cmd(ctx, args[1:], stdout, stderr, getenv)
+	err := cmd(ctx, x, args[1:])
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
 		return 2
 	default:
-		fmt.Fprintf(stderr, "outbox %s: %v\n", args[0], err)
+		fmt.Fprintf(x.stderr, "outbox %s: %v\n", args[0], err)
 		return 1
 	}
 }
 
-// common holds the flags every database command has.
+// common holds the flags every database command has, and parses them.
 type common struct {
+	*cli
+	name        string
 	fs          *flag.FlagSet
 	databaseURL string
 	table       string
+	positional  string   // what positional arguments the command takes ("ID..."); "" for none
+	args        []string // the positional arguments given
 }
 
-func newCommon(name string, stderr io.Writer, getenv env, withTable ...bool) *common {
-	c := &common{fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: outbox.TableDefault}
-	c.fs.SetOutput(stderr)
-	c.fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
+func newCommon(name string, x *cli, withTable ...bool) *common {
+	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: outbox.TableDefault}
+	c.fs.SetOutput(x.stderr)
+	c.fs.Usage = func() {
+		fmt.Fprintf(c.fs.Output(), "Usage: %s\n\nFlags:\n", strings.TrimSpace("outbox "+name+" [flags] "+c.positional))
+		c.fs.PrintDefaults()
+	}
+	// The default is never taken from the environment here: flag prints
+	// defaults in its usage text, and DATABASE_URL holds a password.
+	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string (default $DATABASE_URL)")
 	if len(withTable) == 0 || withTable[0] {
 		c.fs.StringVar(&c.table, "table", outbox.TableDefault, "outbox table, optionally schema-qualified")
 	}
 	return c
 }
 
+// parse parses flags wherever they stand among the positional arguments,
+// refuses empty string flags and positional arguments the command does not
+// take, and fills in DATABASE_URL.
 func (c *common) parse(args []string) error {
-	if err := c.fs.Parse(args); err != nil {
-		return errUsage
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
+			c.fs.SetOutput(c.stdout)
+			c.fs.Usage()
+			return flag.ErrHelp
+		}
+	}
+	for {
+		if err := c.fs.Parse(args); err != nil {
+			return errUsage // flag has explained it, with the usage
+		}
+		args = c.fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			c.args = append(c.args, args[1:]...)
+			break
+		}
+		c.args = append(c.args, args[0])
+		args = args[1:]
+	}
+	var empty []string
+	c.fs.Visit(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if v, ok := g.Get().(string); ok && strings.TrimSpace(v) == "" {
+				empty = append(empty, "--"+f.Name)
+			}
+		}
+	})
+	if len(empty) > 0 {
+		return c.usageError("%s is empty; give a value or leave the flag out", strings.Join(empty, ", "))
+	}
+	if c.positional == "" && len(c.args) > 0 {
+		return c.usageError("unexpected argument %q: this command takes only flags (--name value)", c.args[0])
+	}
+	if c.databaseURL == "" {
+		c.databaseURL = c.getenv("DATABASE_URL")
+	}
+	c.secrets.addDSN(c.databaseURL)
+	return nil
+}
+
+// usageError explains bad usage on stderr and returns errUsage (exit 2).
+func (c *common) usageError(format string, args ...any) error {
+	fmt.Fprintf(c.stderr, "outbox %s: %s\nRun \"outbox %s --help\" for its flags.\n", c.name, fmt.Sprintf(format, args...), c.name)
+	return errUsage
+}
+
+// positive refuses a zero or negative value of a numeric flag, which would
+// otherwise silently mean "the default".
+func (c *common) positive(vals map[string]int64) error {
+	for name, v := range vals {
+		if v <= 0 {
+			return c.usageError("--%s must be positive", name)
+		}
 	}
 	return nil
 }
@@ -108,20 +196,28 @@ func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *o
 	if c.databaseURL == "" {
 		return nil, nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app)")
 	}
-	db, err := sql.Open("pgx", c.databaseURL)
-	if err != nil {
-		return nil, nil, fmt.Errorf("database URL %s: %w", redact(c.databaseURL), err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s: %w\nCheck that the server runs and DATABASE_URL is right", redact(c.databaseURL), err)
+	if _, err := pgconn.ParseConfig(c.databaseURL); err != nil {
+		// pgx's own message may quote the string; the output filter
+		// removes the password, this says what is wrong.
+		return nil, nil, fmt.Errorf("the database URL %s is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
 	}
 	if cfg == nil {
 		cfg = &outbox.StoreConfig{}
 	}
 	cfg.Table = c.table
+	if _, err := outbox.NewStore(nil, cfg); err != nil { // a bad table name needs no connection
+		return nil, nil, err
+	}
+	db, err := sql.Open("pgx", c.databaseURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("database URL %s: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s\nCheck that the server runs and DATABASE_URL is right", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+	}
 	store, err := outbox.NewStore(db, cfg)
 	if err != nil {
 		db.Close()
@@ -130,244 +226,16 @@ func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *o
 	return db, store, nil
 }
 
-// explain turns a missing table into advice.
+// explain turns a missing table or column into advice.
 func (c *common) explain(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01":
+			return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
+		case "42703":
+			return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`, and apply the module's migrations/ if it is an older outbox", c.table, pgErr.Message, c.table)
+		}
 	}
 	return err
-}
-
-func redact(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "(the configured URL)"
-	}
-	return p.Redacted()
-}
-
-func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("status", stderr, getenv)
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	st, err := store.Stats(ctx)
-	if err != nil {
-		return c.explain(err)
-	}
-	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "table\t%s\n", c.table)
-	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
-	fmt.Fprintf(w, "claimed\t%d\n", st.Claimed)
-	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
-	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
-	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
-	if st.Parked > 0 {
-		fmt.Fprintf(w, "\nparked messages need a look: outbox parked --table %s\n", c.table)
-	}
-	return w.Flush()
-}
-
-func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("parked", stderr, getenv)
-	limit := c.fs.Int("limit", 50, "most messages to list, most recently parked first")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	msgs, err := store.Parked(ctx, *limit)
-	if err != nil {
-		return c.explain(err)
-	}
-	if len(msgs) == 0 {
-		fmt.Fprintln(stdout, "no parked messages")
-		return nil
-	}
-	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tEVENT TYPE\tATTEMPTS\tPARKED AT\tLAST ERROR")
-	for _, m := range msgs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", m.ID, m.EventType, m.Attempts, m.ParkedAt.UTC().Format(time.RFC3339), oneLine(m.LastError, 120))
-	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "\nre-arm with: outbox retry --table %s ID... (or --all-parked)\n", c.table)
-	return nil
-}
-
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		s = s[:n] + "…"
-	}
-	return s
-}
-
-func cmdRetry(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("retry", stderr, getenv)
-	all := c.fs.Bool("all-parked", false, "re-arm every parked message")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	ids := c.fs.Args()
-	if *all == (len(ids) > 0) {
-		fmt.Fprintln(stderr, "outbox retry: give message ids or --all-parked (not both)")
-		return errUsage
-	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	var n int64
-	if *all {
-		n, err = store.RetryAllParked(ctx)
-	} else {
-		n, err = store.Retry(ctx, ids...)
-	}
-	if err != nil {
-		return c.explain(err)
-	}
-	fmt.Fprintf(stdout, "re-armed %d parked message(s)\n", n)
-	if !*all && int(n) < len(ids) {
-		fmt.Fprintf(stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
-	}
-	return nil
-}
-
-func cmdPurge(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("purge", stderr, getenv)
-	olderThan := c.fs.Duration("older-than", 0, "delete published messages older than this (e.g. 168h); required")
-	batch := c.fs.Int("batch-size", outbox.PurgeBatchSizeDefault, "rows deleted per statement")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if *olderThan <= 0 {
-		fmt.Fprintln(stderr, "outbox purge: --older-than is required and must be positive, e.g. --older-than 168h")
-		return errUsage
-	}
-	db, store, err := c.open(ctx, &outbox.StoreConfig{PurgeBatchSize: *batch})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	started := time.Now()
-	last := started
-	n, err := store.PurgePublishedProgress(ctx, *olderThan, func(total int64) {
-		if time.Since(last) >= time.Second {
-			last = time.Now()
-			fmt.Fprintf(stderr, "purged %d so far (%.0f rows/s)\n", total, float64(total)/time.Since(started).Seconds())
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("after purging %d: %w", n, c.explain(err))
-	}
-	fmt.Fprintf(stdout, "purged %d published message(s) older than %s in %s\n", n, *olderThan, time.Since(started).Round(time.Millisecond))
-	return nil
-}
-
-func cmdSchema(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("schema", stderr, getenv)
-	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
-	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	ddl, err := outbox.Schema(c.table)
-	if err != nil {
-		return err
-	}
-	if *notify {
-		more, err := outbox.NotifySchema(c.table)
-		if err != nil {
-			return err
-		}
-		ddl += "\n" + more
-	}
-	if !*apply {
-		_, err := fmt.Fprint(stdout, ddl)
-		return err
-	}
-	db, _, err := c.open(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := db.ExecContext(ctx, ddl); err != nil {
-		return fmt.Errorf("creating %s: %w", c.table, err)
-	}
-	fmt.Fprintf(stdout, "table %s is ready\n", c.table)
-	return nil
-}
-
-func cmdRelay(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	c := newCommon("relay", stderr, getenv)
-	amqpURL := c.fs.String("amqp-url", getenv("AMQP_URL"), "RabbitMQ URL(s), comma-separated for a cluster (default $AMQP_URL, else amqp://guest:guest@localhost:5672/)")
-	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
-	lease := c.fs.Duration("lease", relay.LeaseDefault, "how long a claim holds; another relay takes over a dead relay's batch after it")
-	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
-	publishTimeout := c.fs.Duration("publish-timeout", relay.PublishTimeoutDefault, "bound on publishing one batch (must be shorter than --lease)")
-	shutdown := c.fs.Duration("shutdown-timeout", relay.ShutdownTimeoutDefault, "how long to wait for confirms on SIGINT/SIGTERM before releasing")
-	maxAttempts := c.fs.Int("max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which a message is parked")
-	purgeAfter := c.fs.Duration("purge-after", 0, "also purge published messages older than this, hourly (0: never)")
-	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY (needs `outbox schema --notify`) instead of waiting for the next poll")
-	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
-	debug := c.fs.Bool("debug", false, "log every batch")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-
-	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, Logger: logger})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := store.Pending(ctx); err != nil {
-		return c.explain(err)
-	}
-	var urls []string
-	for _, u := range strings.Split(*amqpURL, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
-	}
-	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	cfg := &relay.Config{
-		BatchSize: *batch, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
-		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
-	}
-	if *notify {
-		if cfg.Wakeup, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: c.databaseURL, Table: c.table, Logger: logger}); err != nil {
-			return err
-		}
-	}
-	r, err := relay.New(store, pub, cfg)
-	if err != nil {
-		return err
-	}
-	if err := r.Run(ctx); err != nil {
-		return err
-	}
-	st := r.Stats()
-	fmt.Fprintf(stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
-	return nil
 }

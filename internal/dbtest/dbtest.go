@@ -5,6 +5,7 @@
 package dbtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -230,4 +231,23 @@ func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
 		tb.Fatalf("dbtest: reading %s: %v", table, err)
 	}
 	return out
+}
+
+// Buffer is a bytes.Buffer that a test can read while another goroutine
+// (a relay, a command's logger) writes to it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

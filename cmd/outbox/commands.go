@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/acemq/outbox"
+)
+
+func cmdStatus(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("status", x)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	db, store, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	st, err := store.Stats(ctx)
+	if err != nil {
+		return c.explain(err)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "table\t%s\n", c.table)
+	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
+	fmt.Fprintf(w, "claimed\t%d\n", st.Claimed)
+	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
+	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
+	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
+	if st.Parked > 0 {
+		fmt.Fprintf(w, "\nparked messages need a look: outbox parked --table %s\n", c.table)
+	}
+	return w.Flush()
+}
+
+func cmdParked(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("parked", x)
+	limit := c.fs.Int("limit", 50, "most messages to list, most recently parked first")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := c.positive(map[string]int64{"limit": int64(*limit)}); err != nil {
+		return err
+	}
+	db, store, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	msgs, err := store.Parked(ctx, *limit)
+	if err != nil {
+		return c.explain(err)
+	}
+	if len(msgs) == 0 {
+		fmt.Fprintln(c.stdout, "no parked messages")
+		return nil
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tEVENT TYPE\tATTEMPTS\tPARKED AT\tLAST ERROR")
+	for _, m := range msgs {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", m.ID, printable(m.EventType, 60), m.Attempts, m.ParkedAt.UTC().Format(time.RFC3339), printable(m.LastError, 120))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "\nre-arm with: outbox retry --table %s ID... (or --all-parked)\n", c.table)
+	return nil
+}
+
+// printable makes text from the table safe for a terminal and a table
+// layout: whitespace runs become one space, other control characters
+// (escape sequences, say) are shown escaped, and the text is cut to n
+// characters, never inside one.
+func printable(s string, n int) string {
+	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
+	var b strings.Builder
+	count := 0
+	for _, r := range s {
+		if count == n {
+			b.WriteString("…")
+			break
+		}
+		if unicode.IsControl(r) || !unicode.IsPrint(r) && r != ' ' {
+			fmt.Fprintf(&b, "\\x{%x}", r)
+		} else {
+			b.WriteRune(r)
+		}
+		count++
+	}
+	return b.String()
+}
+
+func cmdRetry(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("retry", x)
+	c.positional = "ID..."
+	all := c.fs.Bool("all-parked", false, "re-arm every parked message")
+	dryRun := c.fs.Bool("dry-run", false, "with --all-parked: say how many messages would be re-armed, and do nothing")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	ids := c.args
+	if *all == (len(ids) > 0) {
+		return c.usageError("give message ids or --all-parked (not both)")
+	}
+	db, store, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var n int64
+	if *all {
+		st, err := store.Stats(ctx)
+		if err != nil {
+			return c.explain(err)
+		}
+		fmt.Fprintf(c.stderr, "re-arming all %d parked message(s) of table %s\n", st.Parked, c.table)
+		if *dryRun {
+			fmt.Fprintln(c.stdout, "dry run: nothing re-armed")
+			return nil
+		}
+		n, err = store.RetryAllParked(ctx)
+		if err != nil {
+			return c.explain(err)
+		}
+	} else {
+		if *dryRun {
+			return c.usageError("--dry-run goes with --all-parked")
+		}
+		if n, err = store.Retry(ctx, ids...); err != nil {
+			return c.explain(err)
+		}
+	}
+	fmt.Fprintf(c.stdout, "re-armed %d parked message(s) of table %s\n", n, c.table)
+	if !*all && int(n) < len(ids) {
+		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
+	}
+	return nil
+}
+
+func cmdPurge(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("purge", x)
+	olderThan := c.fs.Duration("older-than", 0, "delete published messages older than this (e.g. 168h); required")
+	batch := c.fs.Int("batch-size", outbox.PurgeBatchSizeDefault, "rows deleted per statement")
+	dryRun := c.fs.Bool("dry-run", false, "say how many messages would be deleted, and do nothing")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if *olderThan <= 0 {
+		return c.usageError("--older-than is required and must be positive, e.g. --older-than 168h")
+	}
+	if err := c.positive(map[string]int64{"batch-size": int64(*batch)}); err != nil {
+		return err
+	}
+	db, store, err := c.open(ctx, &outbox.StoreConfig{PurgeBatchSize: *batch})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	due, err := store.Purgeable(ctx, *olderThan)
+	if err != nil {
+		return c.explain(err)
+	}
+	fmt.Fprintf(c.stderr, "purging %d published message(s) older than %s from table %s\n", due, *olderThan, c.table)
+	if *dryRun {
+		fmt.Fprintln(c.stdout, "dry run: nothing deleted")
+		return nil
+	}
+	started := time.Now()
+	last := started
+	n, err := store.PurgePublishedProgress(ctx, *olderThan, func(total int64) {
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			fmt.Fprintf(c.stderr, "purged %d so far (%.0f rows/s)\n", total, float64(total)/time.Since(started).Seconds())
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("after purging %d: %w", n, c.explain(err))
+	}
+	fmt.Fprintf(c.stdout, "purged %d published message(s) older than %s from table %s in %s\n", n, *olderThan, c.table, time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+func cmdSchema(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("schema", x)
+	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
+	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	ddl, err := outbox.Schema(c.table)
+	if err != nil {
+		return err
+	}
+	if *notify {
+		more, err := outbox.NotifySchema(c.table)
+		if err != nil {
+			return err
+		}
+		ddl += "\n" + more
+	}
+	if !*apply {
+		_, err := fmt.Fprint(c.stdout, ddl)
+		return err
+	}
+	db, _, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, ddl); err != nil {
+		return fmt.Errorf("creating %s: %w", c.table, err)
+	}
+	fmt.Fprintf(c.stdout, "table %s is ready\n", c.table)
+	return nil
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// Issue 13, B4 and B5: no subcommand, help text or error path prints a
+// password, whatever form the connection string takes.
+func TestNoSecretIsEverPrinted(t *testing.T) {
+	t.Parallel()
+	const pw = "Sup3r-S3cret-pw"
+	table := dbtest.Table(t)
+	dbURLs := map[string]string{
+		"url userinfo":        "postgres://postgres:" + pw + "@127.0.0.1:1/test?connect_timeout=1",
+		"url query":           "postgres://postgres@127.0.0.1:1/test?connect_timeout=1&password=" + pw,
+		"keyword/value":       "host=127.0.0.1 port=1 user=postgres password=" + pw + " dbname=test connect_timeout=1",
+		"keyword/value quote": "host=127.0.0.1 port=1 user=postgres password='" + pw + "' dbname=test connect_timeout=1",
+		"malformed url":       "postgres://postgres:" + pw + "@127.0.0.1:notaport/test",
+		"malformed kv":        "host=127.0.0.1 password=" + pw + " port=",
+		"wrong password":      strings.Replace(dbtest.URL(), "postgres://postgres", "postgres://postgres:"+pw, 1),
+	}
+	amqpURLs := map[string]string{
+		"amqp userinfo":  "amqp://guest:" + pw + "@127.0.0.1:5672/",
+		"amqp malformed": "amqp://guest:" + pw + "@127.0.0.1:port/",
+	}
+	commands := [][]string{
+		{"relay"}, {"status"}, {"parked"}, {"retry", "--all-parked"}, {"purge", "--older-than", "1h"},
+		{"schema", "--apply"}, {"bench", "--messages", "1"},
+	}
+	var runs int
+	check := func(vars map[string]string, args ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var stdout, stderr bytes.Buffer
+		getenv := func(k string) string { return vars[k] }
+		run(ctx, append(args, "--table", table), &stdout, &stderr, getenv)
+		out := stdout.String() + stderr.String()
+		require.NotContains(t, out, pw, "outbox %v with %v printed the password:\n%s", args, vars, out)
+		runs++
+	}
+	for _, cmd := range commands {
+		name := cmd[0]
+		if name == "bench" {
+			cmd = []string{"bench", "--messages", "1"} // bench has no --table; run() adds one: an unknown flag
+		}
+		for _, u := range dbURLs {
+			env := map[string]string{"DATABASE_URL": u, "AMQP_URL": amqpURLs["amqp userinfo"]}
+			check(env, cmd...)
+			check(env, append(cmd, "--help")...)
+			check(env, name, "-h")
+			check(env, name, "--no-such-flag")
+			check(env, name, "--table") // a flag without its value
+			check(nil, append(cmd, "--database-url", u)...)
+		}
+		for _, a := range amqpURLs {
+			check(map[string]string{"DATABASE_URL": dbtest.URL(), "AMQP_URL": a}, name, "--help")
+			check(map[string]string{"DATABASE_URL": dbtest.URL()}, name, "--amqp-url", a, "--bad-flag")
+		}
+	}
+	for _, a := range amqpURLs {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		var stdout, stderr bytes.Buffer
+		run(ctx, []string{"bench", "--messages", "1", "--amqp-url", a}, &stdout, &stderr, func(k string) string {
+			if k == "DATABASE_URL" {
+				return dbtest.URL()
+			}
+			return ""
+		})
+		cancel()
+		require.NotContains(t, stdout.String()+stderr.String(), pw)
+		require.Contains(t, stderr.String(), "xxxxx", "the URL is shown, redacted")
+	}
+	t.Logf("%d command lines checked", runs)
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://u:pw1@h:5432/db":                    "postgres://u:xxxxx@h:5432/db",
+		"postgres://u@h/db?sslmode=disable&password=p2": "postgres://u@h/db?sslmode=disable&password=xxxxx",
+		"host=h user=u password=p3 dbname=d":            "host=h user=u password=xxxxx dbname=d",
+		"host=h password = 'p 4' dbname=d":              "host=h password = xxxxx dbname=d",
+		"postgres://u:p5@h:bad/db":                      "(the configured URL, which is malformed)",
+		"amqp://guest:p6@localhost:5672/":               "amqp://guest:xxxxx@localhost:5672/",
+	} {
+		require.Equal(t, want, redactDSN(in), in)
+	}
+	require.Contains(t, dsnSecrets("host=h password = 'p 4'"), "p 4")
+}
+
+// Issue 13, C6: an empty table, a flag after a positional argument and
+// arguments a command does not take are errors, never a fallback to the
+// default table; destructive commands name the table and count first, and
+// --dry-run does nothing.
+func TestFlagMisuseIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 2, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, store.MarkPublished(ctx, msgs[0]))
+	require.NoError(t, store.MarkFailed(ctx, msgs[1], "parked for the test"))
+	_, err = db.ExecContext(ctx, `UPDATE "`+table+`" SET published_at = now() - interval '3 hours' WHERE published_at IS NOT NULL`)
+	require.NoError(t, err)
+
+	code, _, errOut := outboxCmd(t, nil, "purge", "--older-than", "1h", "--table", "")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--table is empty")
+	code, _, errOut = outboxCmd(t, nil, "status", "--database-url", " ")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--database-url is empty")
+	code, _, errOut = outboxCmd(t, nil, "purge", "--older-than", "1h", "mytable", "--table", table)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `unexpected argument "mytable"`)
+	require.EqualValues(t, 2, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`"`), "nothing purged")
+
+	code, out, errOut := outboxCmd(t, nil, "purge", "--older-than", "1h", "--table", table, "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "purging 1 published message(s) older than 1h0m0s from table "+table)
+	require.Contains(t, out, "dry run: nothing deleted")
+	require.EqualValues(t, 2, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`"`))
+
+	code, out, errOut = outboxCmd(t, nil, "retry", "--all-parked", "--dry-run", "--table", table)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "re-arming all 1 parked message(s) of table "+table)
+	require.Contains(t, out, "dry run")
+	require.EqualValues(t, 1, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE parked_at IS NOT NULL`))
+
+	// Flags after the ids are flags, not ids.
+	code, out, errOut = outboxCmd(t, nil, "retry", msgs[1].ID, "--table", table)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "re-armed 1 parked message(s) of table "+table)
+
+	code, out, errOut = outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1h")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "purging 1 published message(s) older than 1h0m0s from table "+table)
+	require.Contains(t, out, "purged 1 published message(s) older than 1h0m0s from table "+table)
+}
+
+// Issue 13, D9 and E: clear errors instead of panics, silent defaults and
+// advice that does not fit.
+func TestUsageIsClear(t *testing.T) {
+	t.Parallel()
+	code, out, _ := outboxCmd(t, nil, "status", "--help")
+	require.Equal(t, 0, code, "help asked for is not an error")
+	require.Contains(t, out, "Usage: outbox status [flags]")
+	code, out, _ = outboxCmd(t, nil, "help", "retry")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "Usage: outbox retry [flags] ID...")
+	require.Contains(t, out, "-all-parked")
+
+	code, _, errOut := outboxCmd(t, nil, "bench", "--rate", "2000000000")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--rate must be between 0 and 1000000")
+	code, _, errOut = outboxCmd(t, nil, "relay", "--batch-size", "0")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--batch-size must be positive")
+	code, _, errOut = outboxCmd(t, nil, "relay", "--lease", "5s", "--publish-timeout", "6s")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--publish-timeout (6s) must be shorter than --lease (5s)")
+	require.NotContains(t, errOut, "Config.")
+
+	code, _, errOut = outboxCmd(t, map[string]string{"DATABASE_URL": "postgres://u@h:notaport/db"}, "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "is not a valid PostgreSQL URL")
+	require.NotContains(t, errOut, "cannot reach")
+
+	// A table with other columns gets advice, not just "column does not exist".
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	_, err := db.Exec(`CREATE TABLE "` + table + `" (id uuid PRIMARY KEY, published_at timestamptz, parked_at timestamptz)`)
+	require.NoError(t, err)
+	code, _, errOut = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "is not an outbox table of this version")
+}
+
+func TestPrintable(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `evil\x{1b}[31mred`, printable("evil\x1b[31mred", 100))
+	require.Equal(t, "line one line two", printable("line one\n\tline two", 100))
+	require.Equal(t, "ééé…", printable("éééé", 3), "cut between characters, not inside one")
+	require.Equal(t, "a\uFFFDb", printable("a\xffb", 10))
+}
+
+// Issue 13, E: --notify on a table without the trigger says so.
+func TestRelayNotifyWithoutTriggerWarns(t *testing.T) {
+	t.Parallel()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr dbtest.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"relay", "--table", table, "--notify"}, &stdout, &stderr, func(k string) string {
+			return map[string]string{"DATABASE_URL": dbtest.URL(), "AMQP_URL": amqptest.URL()}[k]
+		})
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "relay: Started") }, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	require.Equal(t, 0, <-done)
+	require.Contains(t, stderr.String(), "the table has no NOTIFY trigger")
+}

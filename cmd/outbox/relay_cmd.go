@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/pgwake"
+	"github.com/acemq/outbox/relay"
+)
+
+// amqpURLs returns the broker URLs of --amqp-url, else of AMQP_URL, and
+// registers their passwords as secrets.
+func (c *common) amqpURLs(flagValue string) []string {
+	raw := flagValue
+	if raw == "" {
+		raw = c.getenv("AMQP_URL")
+	}
+	var urls []string
+	for _, u := range strings.Split(raw, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	c.secrets.addDSN(urls...)
+	return urls
+}
+
+const amqpURLHelp = "RabbitMQ URL(s), comma-separated for a cluster (default $AMQP_URL, else RabbitMQ on localhost:5672 as guest)"
+
+func cmdRelay(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("relay", x)
+	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
+	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
+	lease := c.fs.Duration("lease", relay.LeaseDefault, "how long a claim holds; another relay takes over a dead relay's batch after it")
+	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
+	publishTimeout := c.fs.Duration("publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
+	shutdown := c.fs.Duration("shutdown-timeout", relay.ShutdownTimeoutDefault, "how long to wait for confirms on SIGINT/SIGTERM before releasing")
+	maxAttempts := c.fs.Int("max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which a message is parked")
+	purgeAfter := c.fs.Duration("purge-after", 0, "also purge published messages older than this, hourly (default: never)")
+	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY (needs `outbox schema --notify`) instead of waiting for the next poll")
+	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
+	debug := c.fs.Bool("debug", false, "log every batch")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	urls := c.amqpURLs(*amqpURL)
+	if err := c.positive(map[string]int64{
+		"batch-size": int64(*batch), "lease": int64(*lease), "poll-interval": int64(*poll),
+		"shutdown-timeout": int64(*shutdown), "max-attempts": int64(*maxAttempts),
+	}); err != nil {
+		return err
+	}
+	if *publishTimeout < 0 || *purgeAfter < 0 {
+		return c.usageError("--publish-timeout and --purge-after must not be negative")
+	}
+	if *publishTimeout >= *lease {
+		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s), or another relay may take a batch while it is still being published", *publishTimeout, *lease)
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+
+	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := store.Pending(ctx); err != nil {
+		return c.explain(err)
+	}
+	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	cfg := &relay.Config{
+		BatchSize: *batch, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
+		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
+	}
+	if *notify {
+		quoted := `"` + strings.ReplaceAll(c.table, ".", `"."`) + `"` // validated by open
+		var ok bool
+		if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`,
+			quoted, c.table[strings.LastIndex(c.table, ".")+1:]+"_notify").Scan(&ok); err != nil {
+			return c.explain(err)
+		}
+		if !ok {
+			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify`",
+				slog.String("table", c.table))
+		}
+		if cfg.Wakeup, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: c.databaseURL, Table: c.table, Logger: logger}); err != nil {
+			return err
+		}
+	}
+	r, err := relay.New(store, pub, cfg)
+	if err != nil {
+		return err
+	}
+	if err := r.Run(ctx); err != nil {
+		return err
+	}
+	st := r.Stats()
+	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
+	return nil
+}
