@@ -1,10 +1,12 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -150,4 +152,37 @@ func manyHeaders(n, size int) map[string]string {
 		h[strings.Repeat("k", 1+i%200)+string(rune('a'+i%26))+strings.Repeat("x", i/26)] = strings.Repeat("v", size)
 	}
 	return h
+}
+
+// Issue 13, G: a claim is bounded by bytes as well as by rows, decided in
+// the claim query, and always returns at least one message.
+func TestClaimIsBoundedByBytes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, &outbox.StoreConfig{BatchMaxBytes: 1 << 20})
+	payload := bytes.Repeat([]byte("p"), 300<<10)
+	for range 10 {
+		b.addCommitted(t, outbox.Event{Type: "big", Payload: payload})
+	}
+	msgs, err := b.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 4, "0, 300, 600 and 900 KiB come before them: the fourth still starts under 1 MiB")
+	msgs, err = b.store.Claim(ctx, 2, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 2, "the row bound still holds")
+
+	huge := setup(t, &outbox.StoreConfig{BatchMaxBytes: 1000})
+	huge.addCommitted(t, outbox.Event{Type: "huge", Payload: payload}, outbox.Event{Type: "next"})
+	msgs, err = huge.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1, "a message larger than the bound comes alone")
+	require.Equal(t, "huge", msgs[0].EventType)
+	require.Len(t, msgs[0].Payload, len(payload))
+	msgs, err = huge.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	require.Equal(t, "next", msgs[0].EventType)
+
+	_, err = outbox.NewStore(nil, &outbox.StoreConfig{BatchMaxBytes: -1})
+	require.ErrorContains(t, err, "BatchMaxBytes must not be negative")
 }

@@ -24,6 +24,10 @@ func (s *Store) pool() (*sql.DB, error) {
 // the caller for the given duration, by the database clock. It returns them
 // oldest first, and an empty slice when there is nothing to do.
 //
+// A claim stops short of n messages when their payloads and headers would
+// exceed StoreConfig.BatchMaxBytes; it always returns at least one message
+// when one is ready, however large.
+//
 // A claim is a lease, not a lock: no transaction stays open, and if the
 // claimer dies the rows become claimable again when the lease ends. The lease
 // must therefore be comfortably longer than publishing a batch takes, and no
@@ -44,7 +48,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	if err != nil {
 		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
 	}
-	rows, err := db.QueryContext(ctx, s.q.claim, n, lease.Microseconds(), token.String())
+	rows, err := db.QueryContext(ctx, s.q.claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
 	}

@@ -23,16 +23,27 @@ func newQueries(t table) queries {
 		// returned. It is written as id = ANY(ARRAY(...)) rather than a CTE
 		// joined to the table so that even a generic plan, cached while the
 		// table was small, reaches the rows through the primary key.
+		// The window keeps rows, in id order, while the bytes before them
+		// stay under the bound ($4), so that a claim never brings more
+		// than about that much into memory, and always at least one row.
+		// octet_length reads a payload's size from its TOAST header: the
+		// payloads left out are never fetched.
 		claim: r.Replace(`UPDATE {table} AS o
 SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
 WHERE o.id = ANY(ARRAY(
-	SELECT id FROM {table}
-	WHERE published_at IS NULL AND parked_at IS NULL
-	  AND available_at <= now()
-	  AND (claimed_until IS NULL OR claimed_until <= now())
-	ORDER BY id
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED))
+	SELECT id FROM (
+		SELECT id, sum(size) OVER (ORDER BY id) - size AS before
+		FROM (
+			SELECT id, octet_length(payload)::bigint + pg_column_size(headers) AS size
+			FROM {table}
+			WHERE published_at IS NULL AND parked_at IS NULL
+			  AND available_at <= now()
+			  AND (claimed_until IS NULL OR claimed_until <= now())
+			ORDER BY id
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED) AS candidates
+	) AS sized
+	WHERE before < $4))
 RETURNING {columns}`),
 
 		// Fenced by the claim token: one statement per claim (a relay

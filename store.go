@@ -19,6 +19,10 @@ const (
 	// PurgeBatchSizeDefault is how many rows one purge statement deletes.
 	PurgeBatchSizeDefault = 5000
 
+	// BatchMaxBytesDefault bounds the payloads and headers one Claim
+	// returns, unless StoreConfig.BatchMaxBytes says otherwise.
+	BatchMaxBytesDefault = 64 << 20
+
 	// insertChunk is the most rows one INSERT carries. Larger writes are
 	// split into several statements, still in the caller's transaction; the
 	// SQL text of each row count is built once and reused.
@@ -60,6 +64,13 @@ type StoreConfig struct {
 	// again. Defaults to ExponentialBackoff(time.Second, 10*time.Minute).
 	Backoff BackoffFunc
 
+	// BatchMaxBytes bounds the bytes of payloads and headers one Claim
+	// returns, so that a relay's memory is bounded by bytes as well as by
+	// rows: a claim of 100 messages of 10 MB each would otherwise bring
+	// 1 GB into memory at once. A claim always returns at least one
+	// message, however large. Defaults to 64 MiB.
+	BatchMaxBytes int64
+
 	// Headers adds headers to every written event, taken from the writer's
 	// context (trace context, tenant, …). Defaults to none.
 	Headers HeaderFunc
@@ -99,14 +110,15 @@ type StoreConfig struct {
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	db          *sql.DB
-	t           table
-	backoff     BackoffFunc
-	headers     HeaderFunc
-	logger      *slog.Logger
-	maxAttempts int
-	purgeBatch  int
-	router      Router
+	db            *sql.DB
+	t             table
+	backoff       BackoffFunc
+	headers       HeaderFunc
+	logger        *slog.Logger
+	maxAttempts   int
+	purgeBatch    int
+	batchMaxBytes int64
+	router        Router
 
 	q       queries
 	inserts [insertChunk + 1]string // INSERT text by row count, built on first use
@@ -128,19 +140,23 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("outbox: StoreConfig.MaxAttempts must not be negative (got %d)", cfg.MaxAttempts)
 	}
+	if cfg.BatchMaxBytes < 0 {
+		return nil, fmt.Errorf("outbox: StoreConfig.BatchMaxBytes must not be negative (got %d)", cfg.BatchMaxBytes)
+	}
 	if cfg.PurgeBatchSize < 0 {
 		return nil, fmt.Errorf("outbox: StoreConfig.PurgeBatchSize must not be negative (got %d)", cfg.PurgeBatchSize)
 	}
 	s := &Store{
-		db:          db,
-		t:           t,
-		backoff:     cfg.Backoff,
-		headers:     cfg.Headers,
-		logger:      cfg.Logger,
-		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
-		purgeBatch:  cmp.Or(cfg.PurgeBatchSize, PurgeBatchSizeDefault),
-		router:      cfg.Router,
-		q:           newQueries(t),
+		db:            db,
+		t:             t,
+		backoff:       cfg.Backoff,
+		headers:       cfg.Headers,
+		logger:        cfg.Logger,
+		maxAttempts:   cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
+		purgeBatch:    cmp.Or(cfg.PurgeBatchSize, PurgeBatchSizeDefault),
+		batchMaxBytes: cmp.Or(cfg.BatchMaxBytes, BatchMaxBytesDefault),
+		router:        cfg.Router,
+		q:             newQueries(t),
 	}
 	if s.backoff == nil {
 		s.backoff = ExponentialBackoff(time.Second, 10*time.Minute)

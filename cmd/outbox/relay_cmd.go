@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	rtdebug "runtime/debug"
 	"strings"
 
 	"github.com/acemq/outbox"
@@ -34,6 +36,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("relay", x)
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
+	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set")
 	lease := c.fs.Duration("lease", relay.LeaseDefault, "how long a claim holds; another relay takes over a dead relay's batch after it")
 	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
 	publishTimeout := c.fs.Duration("publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
@@ -48,7 +51,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	urls := c.amqpURLs(*amqpURL)
 	if err := c.positive(map[string]int64{
-		"batch-size": int64(*batch), "lease": int64(*lease), "poll-interval": int64(*poll),
+		"batch-size": int64(*batch), "batch-max-bytes": *batchBytes, "lease": int64(*lease), "poll-interval": int64(*poll),
 		"shutdown-timeout": int64(*shutdown), "max-attempts": int64(*maxAttempts),
 	}); err != nil {
 		return err
@@ -59,13 +62,19 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	if *publishTimeout >= *lease {
 		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s), or another relay may take a batch while it is still being published", *publishTimeout, *lease)
 	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// A claim is in memory about twice (the driver's read buffer and
+		// the scanned rows): ask the GC to stay near that, rather than
+		// let the heap double before it collects.
+		rtdebug.SetMemoryLimit(2**batchBytes + 32<<20)
+	}
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 
-	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, Logger: logger})
+	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, BatchMaxBytes: *batchBytes, Logger: logger})
 	if err != nil {
 		return err
 	}
