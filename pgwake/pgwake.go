@@ -62,7 +62,13 @@ func Listen(ctx context.Context, cfg *Config) (<-chan struct{}, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	l := &listener{url: cfg.DatabaseURL, channel: channel, logger: logger, wake: make(chan struct{}, 1)}
+	// Parsed once, here: pgx's parse errors quote the string, and not
+	// every form of password in it is redacted there (a URL's ?password=).
+	pgcfg, err := pgx.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, errors.New("pgwake: Config.DatabaseURL is not a valid PostgreSQL URL or keyword/value string (not repeated here: it may hold a password)")
+	}
+	l := &listener{config: pgcfg, channel: channel, logger: logger, wake: make(chan struct{}, 1)}
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -75,13 +81,14 @@ func Listen(ctx context.Context, cfg *Config) (<-chan struct{}, error) {
 var reconnectBackoff = outbox.ExponentialBackoff(100*time.Millisecond, 30*time.Second)
 
 type listener struct {
-	url, channel string
-	logger       *slog.Logger
-	wake         chan struct{}
+	config  *pgx.ConnConfig
+	channel string
+	logger  *slog.Logger
+	wake    chan struct{}
 }
 
 func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, l.url)
+	conn, err := pgx.ConnectConfig(ctx, l.config.Copy())
 	if err != nil {
 		return nil, fmt.Errorf("pgwake: connecting: %w", err)
 	}

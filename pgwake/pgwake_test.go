@@ -72,6 +72,17 @@ func TestListenErrors(t *testing.T) {
 	_, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: "postgres://postgres:s3cret@127.0.0.1:1/test"})
 	require.ErrorContains(t, err, "pgwake: connecting")
 	require.NotContains(t, err.Error(), "s3cret")
+	// Issue 13, B5: pgx's parse errors quote the string, and redact a
+	// URL's ?password= only when the URL itself does not parse.
+	for _, bad := range []string{
+		"postgres://postgres@127.0.0.1/test?password=s3cret&sslmode=bogus",
+		"host=127.0.0.1 password=s3cret sslmode=bogus",
+		"postgres://postgres:s3cret@127.0.0.1:bad/test",
+	} {
+		_, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: bad})
+		require.ErrorContains(t, err, "not a valid PostgreSQL URL")
+		require.NotContains(t, err.Error(), "s3cret")
+	}
 }
 
 func TestNotifyChannel(t *testing.T) {

@@ -129,6 +129,7 @@ type Relay struct {
 	running atomic.Bool
 	stats   counters
 
+	health    atomic.Pointer[Health]
 	backoff   outbox.BackoffFunc                   // waits after broker or database failures
 	sleepHook func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
@@ -220,6 +221,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		res, err := r.runOnce(ctx)
+		r.recordHealth(res, err)
 		var wait time.Duration
 		switch {
 		case fatal(err):
@@ -260,6 +262,45 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.sleep(ctx, wait, wakeup)
 	}
+}
+
+// Health is what a readiness check needs to know about a running relay.
+type Health struct {
+	// LastClaim is when the relay last claimed from the store without an
+	// error, whether it found messages or not; zero before the first.
+	LastClaim time.Time
+
+	// Err is the error of the last round (claiming, or publishing when the
+	// broker failed), nil when it went through.
+	Err error
+
+	// Permanent is true when Err will not go away by waiting: wrong
+	// credentials, a missing database, vhost or table, a privilege
+	// missing. A person has to act.
+	Permanent bool
+}
+
+// Health reports how the relay's last round went. A relay is ready when
+// Err is nil and LastClaim is recent (a few poll intervals).
+func (r *Relay) Health() Health {
+	if h := r.health.Load(); h != nil {
+		return *h
+	}
+	return Health{}
+}
+
+func (r *Relay) recordHealth(res result, err error) {
+	h := r.Health()
+	switch {
+	case err != nil:
+		h.Err = err
+	case res.brokerFaults > 0:
+		h.LastClaim, h.Err = time.Now(), res.brokerErr
+	default:
+		h.LastClaim, h.Err = time.Now(), nil
+	}
+	h.Permanent = permanent(h.Err) != ""
+	r.health.Store(&h)
 }
 
 // sleep waits for d, the end of ctx or a wake-up, whichever comes first.

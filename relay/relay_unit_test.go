@@ -393,12 +393,60 @@ type failingStore struct {
 	fakeStore
 	failClaims map[int]bool
 	n          int
+	err        error // what a failed claim returns; "connection refused" if nil
 }
 
 func (s *failingStore) Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error) {
 	s.n++
 	if s.failClaims[s.n] {
+		if s.err != nil {
+			return nil, s.err
+		}
 		return nil, errors.New("connection refused")
 	}
 	return s.fakeStore.Claim(ctx, n, lease)
+}
+
+// sqlStateError is a database error with a SQLSTATE, as pgx reports them.
+type sqlStateError string
+
+func (e sqlStateError) Error() string    { return "ERROR: relation does not exist (SQLSTATE " + string(e) + ")" }
+func (e sqlStateError) SQLState() string { return string(e) }
+
+// Issue 13, A3: a permanent error shows in Health, and clears once the
+// claims work again.
+func TestHealthReportsPermanentErrors(t *testing.T) {
+	t.Parallel()
+	store := &failingStore{failClaims: map[int]bool{1: true, 2: true, 3: true}, err: fmt.Errorf("outbox: claiming from outbox: %w", sqlStateError("42P01"))}
+	pub := PublisherFunc(func(_ context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
+	r := newTestRelay(t, store, pub, nil)
+	require.Equal(t, Health{}, r.Health())
+
+	var seen []Health
+	var mu sync.Mutex
+	r.sleepHook = func(time.Duration, bool) {
+		mu.Lock()
+		seen = append(seen, r.Health())
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return !r.Health().LastClaim.IsZero() }, 10*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(seen), 3)
+	for _, h := range seen[:3] {
+		require.True(t, h.Permanent)
+		require.ErrorContains(t, h.Err, "SQLSTATE 42P01")
+		require.True(t, h.LastClaim.IsZero())
+	}
+	h := r.Health()
+	require.NoError(t, h.Err)
+	require.False(t, h.Permanent)
+	require.WithinDuration(t, time.Now(), h.LastClaim, 5*time.Second)
 }
