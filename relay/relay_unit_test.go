@@ -410,7 +410,9 @@ func (s *failingStore) Claim(ctx context.Context, n int, lease time.Duration) ([
 // sqlStateError is a database error with a SQLSTATE, as pgx reports them.
 type sqlStateError string
 
-func (e sqlStateError) Error() string    { return "ERROR: relation does not exist (SQLSTATE " + string(e) + ")" }
+func (e sqlStateError) Error() string {
+	return "ERROR: relation does not exist (SQLSTATE " + string(e) + ")"
+}
 func (e sqlStateError) SQLState() string { return string(e) }
 
 // Issue 13, A3: a permanent error shows in Health, and clears once the
