@@ -15,7 +15,8 @@
 // # Writing and relaying
 //
 // [Store.Add] writes events through the caller's own transaction and never
-// through a connection of its own. The ORM adapters (package gormoutbox for
+// through a connection of its own; it accepts only what proves to be a
+// transaction (see [Execer]) and writes all of a call's events or none. The ORM adapters (package gormoutbox for
 // GORM, entoutbox for ent) call it for you with the ORM's active
 // transaction. The relay (package relay) uses the Store's other half, on the
 // Store's own pool: [Store.Claim] leases a batch of ready messages,
@@ -26,7 +27,9 @@
 // A message that fails [StoreConfig.MaxAttempts] times is parked: kept in
 // the table for an operator, counted by [Store.Pending], listed by
 // [Store.Parked] and re-armed by [Store.Retry]. Published rows stay until
-// [Store.PurgePublished] removes them.
+// [Store.PurgePublished] removes them. A claim is bounded by rows and by
+// bytes ([StoreConfig.BatchMaxBytes]), so that a few large rows cannot
+// exhaust a relay's memory.
 //
 // # The table
 //

@@ -15,13 +15,24 @@
 //
 // # Faults
 //
-// Each failed message is classified. A message fault (unroutable, refused
-// by the broker, a missing exchange, a body over the broker's size limit)
-// is the message's: it is marked failed, which counts an attempt and backs
-// off, and parks the message after the store's MaxAttempts. A broker fault
-// (no connection, a lost connection or channel, no confirm in time) is
-// not: the message is released without an attempt, and the relay backs off
-// and reconnects. See ErrBrokerUnavailable and PublishError.
+// Each failed message is classified, so that one message never holds up
+// the others. A message fault (unroutable, a missing exchange, a body over
+// the broker's size limit) is the message's: it is marked failed, which
+// counts an attempt and backs off, and parks the message after the store's
+// MaxAttempts. When the broker closes the channel or the connection because
+// of something it was sent without naming the message (FRAME_ERROR for a
+// header larger than a frame, ACCESS_REFUSED for an internal or forbidden
+// exchange), AMQPPublisher republishes the unconfirmed messages in halves,
+// each on a fresh channel, until it finds the one the broker refuses on its
+// own: that one alone is failed. A broker fault (no connection, a lost
+// connection or channel, no confirm in time, a nack) is not the message's:
+// it is released without an attempt, and the relay backs off and
+// reconnects. See ErrBrokerUnavailable and PublishError.
+//
+// A settle (mark or release) that fails for a reason other than a lost
+// lease, such as a database session that was terminated, is retried on a
+// fresh connection while the lease lasts: the broker has confirmed those
+// messages, and giving up would publish them a second time after the lease.
 //
 // # Running it
 //
@@ -33,6 +44,12 @@
 // while it publishes. It wakes for new work every Config.PollInterval, at
 // once while batches come back full, and at once on Config.Wakeup (see
 // package pgwake for LISTEN/NOTIFY).
+//
+// Errors that waiting cannot fix (wrong credentials, a missing table) are
+// retried too, in case someone fixes them, but logged at error level as
+// permanent and reported by Relay.Health. Run returns an error only for
+// what cannot change while it runs: a closed publisher, a store without a
+// pool.
 //
 // The AMQP side is AMQPPublisher (github.com/rabbitmq/amqp091-go); any
 // other broker plugs in through the Publisher interface.
