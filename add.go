@@ -91,9 +91,11 @@ func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
 			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err)
 		}
-		return nil
+	} else if err := s.addChunked(ctx, tx, len(evts), args); err != nil {
+		return err
 	}
-	return s.addChunked(ctx, tx, len(evts), args)
+	s.Notify()
+	return nil
 }
 
 // addChunked writes more than insertChunk rows in several INSERTs inside a

@@ -186,3 +186,33 @@ func TestClaimIsBoundedByBytes(t *testing.T) {
 	_, err = outbox.NewStore(nil, &outbox.StoreConfig{BatchMaxBytes: -1})
 	require.ErrorContains(t, err, "BatchMaxBytes must not be negative")
 }
+
+// Issue 9, item 3: Add wakes the relays of its table in this process.
+func TestAddWakesSubscribers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	other := setup(t, nil)
+	wake, cancel := b.store.Subscribe()
+	otherWake, cancelOther := other.store.Subscribe()
+	defer cancelOther()
+
+	b.addCommitted(t, events(2)...)
+	select {
+	case <-wake:
+	default:
+		t.Fatal("Add did not wake the table's subscriber")
+	}
+	select {
+	case <-otherWake:
+		t.Fatal("a write to one table woke the relays of another")
+	default:
+	}
+	cancel()
+	cancel() // idempotent
+	b.addCommitted(t, events(1)...)
+	select {
+	case <-wake:
+		t.Fatal("a cancelled subscription still receives")
+	default:
+	}
+}

@@ -33,6 +33,13 @@ type Store interface {
 	Release(ctx context.Context, msgs ...outbox.Message) error
 }
 
+// Subscriber is implemented by stores that announce writes made in this
+// process; *outbox.Store does. Run subscribes for its duration, and a value
+// on the channel makes it claim at once. cancel ends the subscription.
+type Subscriber interface {
+	Subscribe() (wakeups <-chan struct{}, cancel func())
+}
+
 // Purger is implemented by stores that can purge published messages;
 // *outbox.Store does. The relay purges only when Config.PurgeAfter is set.
 type Purger interface {

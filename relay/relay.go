@@ -19,7 +19,7 @@ const (
 	BackoffMaxDefault      = 30 * time.Second
 	BatchSizeDefault       = 100
 	LeaseDefault           = 30 * time.Second
-	PollIntervalDefault    = 250 * time.Millisecond
+	PollIntervalDefault    = 100 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
 	PurgeIntervalDefault   = time.Hour
 	ShutdownTimeoutDefault = 10 * time.Second
@@ -27,6 +27,7 @@ const (
 	settleRetryMin         = 25 * time.Millisecond
 	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
+	pollFirst              = time.Millisecond // the first wait after an empty claim
 )
 
 // Config configures a Relay. The zero value (and nil) gives the defaults.
@@ -48,9 +49,13 @@ type Config struct {
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// PollInterval is how long the relay sleeps when it found less than a
-	// full batch and nothing wakes it: the longest a new message waits
-	// without Wakeup. A poll is one cheap query. Defaults to 250ms.
+	// PollInterval is the longest the relay waits between claims when
+	// there is nothing to do: after a claim that found messages it claims
+	// again at once; after an empty one it waits 1ms, then twice as long
+	// after every further empty claim, up to PollInterval. It is the
+	// longest a new message waits without a wake-up. An idle relay makes
+	// 1/PollInterval claims a second, each one cheap query on a partial
+	// index. Defaults to 100ms.
 	PollInterval time.Duration
 
 	// PublishTimeout bounds publishing one batch, confirms included.
@@ -74,7 +79,9 @@ type Config struct {
 
 	// Wakeup, when not nil, makes the relay look for work at once whenever a
 	// value arrives, instead of at the next poll. Feed it from LISTEN/NOTIFY
-	// (see package pgwake) or from your own code after a commit.
+	// (see package pgwake). Writers in the same process need nothing: a
+	// store that offers wake-ups (outbox.Store.Subscribe: every Add on the
+	// table in this process) wakes the relay by itself.
 	Wakeup <-chan struct{}
 }
 
@@ -130,6 +137,7 @@ type Relay struct {
 	stats   counters
 
 	health    atomic.Pointer[Health]
+	pollFirst time.Duration                        // the first wait after an empty claim
 	backoff   outbox.BackoffFunc                   // waits after broker or database failures
 	sleepHook func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
@@ -164,7 +172,7 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger,
+	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst,
 		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }
 
@@ -214,7 +222,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer purges.Wait()
 	defer stopPurging()
 
-	var failures int
+	// Writers in this process wake the relay through the store.
+	var local <-chan struct{}
+	if sub, ok := r.store.(Subscriber); ok {
+		ch, cancel := sub.Subscribe()
+		defer cancel()
+		local = ch
+	}
+	var failures, idle int
 	for {
 		if ctx.Err() != nil {
 			r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
@@ -249,18 +264,19 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
 					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.Duration("retry_in", wait))
 			}
-		case res.claimed == r.cfg.BatchSize:
-			failures = 0
-			continue // a full batch: there is probably more, go on at once
+		case res.claimed > 0:
+			failures, idle = 0, 0
+			continue // work found: there may be more, claim again at once
 		default:
 			failures = 0
-			wait = r.cfg.PollInterval
+			wait = min(r.cfg.PollInterval, r.pollFirst<<min(idle, 30))
+			idle++
 		}
-		wakeup := r.cfg.Wakeup
 		if failures > 0 {
-			wakeup = nil // a backoff is not cut short by new work
+			r.sleep(ctx, wait) // a backoff is not cut short by new work
+		} else if r.sleep(ctx, wait, r.cfg.Wakeup, local) {
+			idle = 0 // woken: the work may not be committed yet, poll closely
 		}
-		r.sleep(ctx, wait, wakeup)
 	}
 }
 
@@ -303,19 +319,35 @@ func (r *Relay) recordHealth(res result, err error) {
 	r.health.Store(&h)
 }
 
-// sleep waits for d, the end of ctx or a wake-up, whichever comes first.
-func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeup <-chan struct{}) {
+// sleep waits for d, the end of ctx or a wake-up, whichever comes first,
+// and reports whether a wake-up ended it.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeups ...<-chan struct{}) bool {
+	wakeable := false
+	for _, w := range wakeups {
+		wakeable = wakeable || w != nil
+	}
 	if r.sleepHook != nil { // tests
-		r.sleepHook(d, wakeup != nil)
-		return
+		r.sleepHook(d, wakeable)
+		return false
+	}
+	var w1, w2 <-chan struct{}
+	if len(wakeups) > 0 {
+		w1 = wakeups[0]
+	}
+	if len(wakeups) > 1 {
+		w2 = wakeups[1]
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
 	case <-timer.C:
-	case <-wakeup:
+	case <-w1:
+		return true
+	case <-w2:
+		return true
 	}
+	return false
 }
 
 type result struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,20 +169,22 @@ func TestRunOnceWrongResultCountReleases(t *testing.T) {
 	require.Equal(t, []string{"claim a,b", "release a,b"}, store.log(), "nothing may be marked published on a malformed answer")
 }
 
-func TestRunLoopsWithoutSleepingOnFullBatches(t *testing.T) {
+func TestRunLoopsWithoutSleepingWhileThereIsWork(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{}
-	for i := range 3 {
+	for i := range 2 {
 		store.push(msgs(fmt.Sprint(i, "a"), fmt.Sprint(i, "b"))...)
 	}
+	store.push(msgs("partial")...) // not a full batch: still no sleep after it
 	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
 	r := newTestRelay(t, store, pub, &Config{BatchSize: 2, PollInterval: time.Hour})
+	r.pollFirst = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
 	// With an hour between polls, only a relay that goes on at once after a
-	// full batch gets through all three.
-	require.Eventually(t, func() bool { return r.Stats().Published == 6 }, 5*time.Second, 5*time.Millisecond)
+	// batch that found work gets through all three.
+	require.Eventually(t, func() bool { return r.Stats().Published == 5 }, 5*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return store.claimCount() == 4 }, 5*time.Second, 5*time.Millisecond, "the 4th claim finds nothing")
 	cancel()
 	require.NoError(t, <-done)
@@ -193,6 +196,7 @@ func TestRunWakesUpOnSignal(t *testing.T) {
 	wake := make(chan struct{}, 1)
 	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
 	r := newTestRelay(t, store, pub, &Config{PollInterval: time.Hour, Wakeup: wake})
+	r.pollFirst = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
@@ -345,7 +349,8 @@ func TestRunPurgesWhenAsked(t *testing.T) {
 }
 
 // TestRunBacksOff drives the loop through broker faults, a database
-// failure and recovery, recording the waits it asks for instead of sleeping.
+// failure, recovery and idleness, recording the waits it asks for instead
+// of sleeping.
 func TestRunBacksOff(t *testing.T) {
 	t.Parallel()
 	store := &failingStore{fakeStore: fakeStore{}, failClaims: map[int]bool{5: true}}
@@ -380,10 +385,13 @@ func TestRunBacksOff(t *testing.T) {
 		require.LessOrEqual(t, waits[i].d, nominal, "broker fault %d", i+1)
 		require.False(t, waits[i].wakeable, "a backoff is not cut short by wake-ups")
 	}
-	require.Equal(t, wait{5 * time.Second, true}, waits[3], "the broker is back: an ordinary poll")
-	require.GreaterOrEqual(t, waits[4].d, 50*time.Millisecond, "the database failed: backoff starts over")
-	require.LessOrEqual(t, waits[4].d, 100*time.Millisecond)
-	require.Equal(t, wait{5 * time.Second, true}, waits[5])
+	// The broker is back: batches that found work are followed by a claim
+	// at once, without a wait.
+	require.GreaterOrEqual(t, waits[3].d, 50*time.Millisecond, "the database failed: backoff starts over")
+	require.LessOrEqual(t, waits[3].d, 100*time.Millisecond)
+	require.False(t, waits[3].wakeable)
+	// Idle: waits double from 1ms (up to PollInterval), and wake-ups cut them short.
+	require.Equal(t, []wait{{time.Millisecond, true}, {2 * time.Millisecond, true}, {4 * time.Millisecond, true}}, waits[4:])
 	require.Equal(t, int64(3), r.Stats().Released)
 	require.Equal(t, int64(3), r.Stats().Published)
 }
@@ -451,4 +459,64 @@ func TestHealthReportsPermanentErrors(t *testing.T) {
 	require.NoError(t, h.Err)
 	require.False(t, h.Permanent)
 	require.WithinDuration(t, time.Now(), h.LastClaim, 5*time.Second)
+}
+
+// subscribingStore is a fakeStore that offers wake-ups, as *outbox.Store does.
+type subscribingStore struct {
+	fakeStore
+	wake       chan struct{}
+	subscribed atomic.Int32
+}
+
+func (s *subscribingStore) Subscribe() (<-chan struct{}, func()) {
+	s.subscribed.Add(1)
+	return s.wake, func() { s.subscribed.Add(-1) }
+}
+
+// Issue 9, item 3: a write in the same process wakes an idle relay at
+// once, through the store, without any configuration.
+func TestRunWakesOnLocalWrites(t *testing.T) {
+	t.Parallel()
+	store := &subscribingStore{wake: make(chan struct{}, 1)}
+	var published atomic.Int32
+	pub := PublisherFunc(func(_ context.Context, m []outbox.Message) []error {
+		published.Add(int32(len(m)))
+		return make([]error, len(m))
+	})
+	r := newTestRelay(t, store, pub, &Config{PollInterval: time.Hour})
+	r.pollFirst = time.Hour // without a wake-up, nothing happens for an hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return store.claimCount() == 1 && store.subscribed.Load() == 1 }, 5*time.Second, time.Millisecond)
+
+	store.push(msgs("a")...)
+	store.wake <- struct{}{}
+	require.Eventually(t, func() bool { return published.Load() == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Zero(t, store.subscribed.Load(), "Run ends its subscription")
+}
+
+// Issue 9, item 2: an idle relay with the defaults stays under 20 claims a
+// second, counted on the waits it asks for.
+func TestIdleRelayIsCheap(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	r := newTestRelay(t, store, PublisherFunc(func(context.Context, []outbox.Message) []error { return nil }), nil)
+	var slept time.Duration
+	var n int
+	ctx, cancel := context.WithCancel(context.Background())
+	r.sleepHook = func(d time.Duration, wakeable bool) {
+		require.True(t, wakeable || r.cfg.Wakeup == nil)
+		slept += d
+		if n++; n == 100 {
+			cancel()
+		}
+	}
+	require.NoError(t, r.Run(ctx))
+	perSecond := float64(store.claimCount()) / slept.Seconds()
+	t.Logf("idle: %d claims over %s of waits: %.1f claims/s", store.claimCount(), slept, perSecond)
+	require.LessOrEqual(t, perSecond, 20.0)
+	require.Equal(t, PollIntervalDefault, r.cfg.PollInterval)
 }
