@@ -3,11 +3,15 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,26 +24,44 @@ import (
 // maxRate is the fastest --rate: a tick must be at least a microsecond.
 const maxRate = 1_000_000
 
-// cmdBench measures this database and broker: it writes messages into a
-// scratch table, relays them to a scratch exchange and reports throughput
-// and commit-to-consume latency. It drops what it created.
+// benchOptions are the flags of outbox bench.
+type benchOptions struct {
+	messages, batch, perTx, rate, writers, size, prefetch, ackEvery, runs int
+}
+
+// cmdBench measures what users of this database and broker get: a relay
+// with its default configuration publishing persistent messages to a
+// durable queue drained by a consumer that acks, beside the broker's own
+// limit (amqp091-go publishing the same messages with pipelined confirms,
+// no database) measured in the same run. It drops what it created.
 func cmdBench(ctx context.Context, x *cli, args []string) error {
-	stdout, stderr := x.stdout, x.stderr
 	c := newCommon("bench", x, false)
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
-	n := c.fs.Int("messages", 50_000, "messages to relay")
-	rate := c.fs.Int("rate", 0, "write this many messages per second while the relay runs (0: write all first, then measure throughput)")
-	batch := c.fs.Int("batch-size", 500, "relay batch size")
-	perTx := c.fs.Int("per-tx", 100, "messages per writing transaction (with --rate 0)")
+	var o benchOptions
+	c.fs.IntVar(&o.messages, "messages", 50_000, "messages per run")
+	c.fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "relay batch size")
+	c.fs.IntVar(&o.perTx, "per-tx", 100, "messages per writing transaction, when everything is written first (--rate 0)")
+	c.fs.IntVar(&o.rate, "rate", 0, "write this many messages per second, one per transaction, while the relay runs, and report commit-to-consume latency (default 0: write everything first and report throughput)")
+	c.fs.IntVar(&o.writers, "writers", 1, "concurrent writers sharing --rate")
+	c.fs.IntVar(&o.size, "size", 256, "payload bytes per message")
+	c.fs.IntVar(&o.prefetch, "prefetch", 2000, "consumer prefetch")
+	c.fs.IntVar(&o.ackEvery, "ack-every", 200, "the consumer acks every this many deliveries (multiple ack)")
+	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	urls := c.amqpURLs(*amqpURL)
-	if err := c.positive(map[string]int64{"messages": int64(*n), "batch-size": int64(*batch), "per-tx": int64(*perTx)}); err != nil {
+	if err := c.positive(map[string]int64{
+		"messages": int64(o.messages), "batch-size": int64(o.batch), "per-tx": int64(o.perTx), "writers": int64(o.writers),
+		"size": int64(o.size), "prefetch": int64(o.prefetch), "ack-every": int64(o.ackEvery), "runs": int64(o.runs),
+	}); err != nil {
 		return err
 	}
-	if *rate < 0 || *rate > maxRate {
+	if o.rate < 0 || o.rate > maxRate {
 		return c.usageError("--rate must be between 0 and %d messages per second", maxRate)
+	}
+	if o.ackEvery > o.prefetch {
+		return c.usageError("--ack-every (%d) must not exceed --prefetch (%d), or the consumer stalls", o.ackEvery, o.prefetch)
 	}
 	if len(urls) == 0 {
 		urls = []string{relay.AMQPURLDefault}
@@ -47,13 +69,15 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if _, err := amqp.ParseURI(urls[0]); err != nil {
 		return fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
 	}
+
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	suffix := hex.EncodeToString(b[:])
 	c.table = "outbox_bench_" + suffix
-	fmt.Fprintf(stderr, "bench: scratch table %s and exchange outbox.bench.%s, dropped at the end\n", c.table, suffix)
+	exchange, queue := "outbox.bench."+suffix, "outbox.bench."+suffix
+	fmt.Fprintf(c.stderr, "bench: scratch table %s, exchange and queue %s, dropped at the end\n", c.table, exchange)
 
-	db, store, err := c.open(ctx, &outbox.StoreConfig{Router: outbox.ToExchange("outbox.bench." + suffix)})
+	db, store, err := c.open(ctx, &outbox.StoreConfig{Router: outbox.ToExchange(exchange)})
 	if err != nil {
 		return err
 	}
@@ -72,155 +96,351 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	exchange := "outbox.bench." + suffix
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, false, true, false, false, nil); err != nil {
+	// What users run: a durable exchange and queue, persistent messages.
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return err
 	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 		return err
 	}
-	if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
-		return err
-	}
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		return err
-	}
-
-	var (
-		mu        sync.Mutex
-		committed = make(map[string]time.Time, *n)
-		latencies = make([]time.Duration, 0, *n)
-		seen      = make(map[string]bool, *n)
-		allIn     = make(chan struct{})
-	)
-	go func() {
-		for d := range deliveries {
-			now := time.Now()
-			key, _ := d.Headers[relay.KeyHeader].(string)
-			mu.Lock()
-			if !seen[key] {
-				seen[key] = true
-				if t, ok := committed[key]; ok {
-					latencies = append(latencies, now.Sub(t))
-				}
-				if len(seen) == *n {
-					close(allIn)
-				}
-			}
-			mu.Unlock()
+	defer func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(queue, false, false, false)
+			_ = ch.ExchangeDelete(exchange, false, false)
 		}
 	}()
-
-	write := func(from, to int) error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		evts := make([]outbox.Event, 0, to-from)
-		for i := from; i < to; i++ {
-			evts = append(evts, outbox.Event{Type: "bench.tick", Key: strconv.Itoa(i), Payload: []byte(`{"bench":true}`)})
-		}
-		if err := store.Add(ctx, tx, evts...); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		now := time.Now()
-		mu.Lock()
-		for i := from; i < to; i++ {
-			committed[strconv.Itoa(i)] = now
-		}
-		mu.Unlock()
-		return tx.Commit()
+	if err := ch.QueueBind(queue, "#", exchange, false, nil); err != nil {
+		return err
 	}
 
-	startRelay := func() (func() relay.Stats, error) {
-		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: "outbox-bench",
-			Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-		if err != nil {
-			return nil, err
-		}
-		logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		r, err := relay.New(store, pub, &relay.Config{BatchSize: *batch, PollInterval: 10 * time.Millisecond, Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = r.Run(rctx); _ = pub.Close() }()
-		return func() relay.Stats { cancel(); <-done; return r.Stats() }, nil
-	}
+	var pgVersion string
+	_ = db.QueryRowContext(ctx, "SHOW server_version").Scan(&pgVersion)
+	rmqVersion, _ := conn.Properties["version"].(string)
+	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d; %d run(s), median [min–max]\n",
+		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.size, o.ackEvery, o.prefetch, o.batch, o.runs)
 
-	var (
-		stopRelay func() relay.Stats
-		started   time.Time
-	)
-	if *rate == 0 {
-		t0 := time.Now()
-		for from := 0; from < *n; from += *perTx {
-			if err := write(from, min(from+*perTx, *n)); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(stdout, "bench: wrote %d messages in %s (%.0f msgs/s, %d per transaction)\n", *n, time.Since(t0).Round(time.Millisecond), float64(*n)/time.Since(t0).Seconds(), *perTx)
-		started = time.Now()
-		if stopRelay, err = startRelay(); err != nil {
+	bench := &bencher{o: o, db: db, store: store, conn: conn, urls: urls, exchange: exchange, queue: queue, table: c.table,
+		payload: []byte(`"` + strings.Repeat("x", max(o.size-2, 0)) + `"`), stderr: c.stderr}
+	if o.rate == 0 {
+		return bench.throughput(ctx, c.stdout)
+	}
+	return bench.latency(ctx, c.stdout)
+}
+
+type bencher struct {
+	o               benchOptions
+	db              *sql.DB
+	store           *outbox.Store
+	conn            *amqp.Connection
+	urls            []string
+	exchange, queue string
+	table           string
+	payload         []byte
+	stderr          io.Writer
+}
+
+// figure is one measurement over several runs.
+type figure []float64
+
+func (f figure) String() string {
+	s := slices.Sorted(slices.Values(f))
+	return fmt.Sprintf("%.0f [%.0f–%.0f]", s[len(s)/2], s[0], s[len(s)-1])
+}
+
+func (f figure) median() float64 {
+	s := slices.Sorted(slices.Values(f))
+	return s[len(s)/2]
+}
+
+func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
+	var broker, relayed figure
+	for run := 1; run <= b.o.runs; run++ {
+		limit, err := b.brokerOnly(ctx)
+		if err != nil {
 			return err
 		}
-	} else {
-		if stopRelay, err = startRelay(); err != nil {
+		rate, err := b.relayRun(ctx)
+		if err != nil {
 			return err
 		}
-		started = time.Now()
-		tick := time.NewTicker(time.Second / time.Duration(*rate))
-		for i := 0; i < *n; i++ {
+		broker, relayed = append(broker, limit), append(relayed, rate)
+		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s, relay %.0f msgs/s\n", run, limit, rate)
+	}
+	fmt.Fprintf(out, "bench: broker alone (amqp091-go, confirms pipelined, window 1000): %s msgs/s\n", broker)
+	fmt.Fprintf(out, "bench: relay, %d messages written first: %s msgs/s = %.2f × the broker alone\n", b.o.messages, relayed, relayed.median()/broker.median())
+	return nil
+}
+
+// consume drains the queue with manual acks until want distinct message
+// ids have arrived, calling seen for each new one. It returns when they
+// have, or when ctx ends.
+func (b *bencher) consume(ctx context.Context, want int, seen func(d *amqp.Delivery)) (func() error, error) {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ch.QueuePurge(b.queue, false); err != nil { // what an earlier phase left
+		return nil, err
+	}
+	if err := ch.Qos(b.o.prefetch, 0, false); err != nil {
+		return nil, err
+	}
+	deliveries, err := ch.Consume(b.queue, "", false, false, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() {
+		got := make(map[string]bool, want)
+		unacked := 0
+		for {
 			select {
 			case <-ctx.Done():
-				tick.Stop()
-				stopRelay()
-				return ctx.Err()
-			case <-tick.C:
-			}
-			if err := write(i, i+1); err != nil {
-				tick.Stop()
-				stopRelay()
-				return err
+				done <- ctx.Err()
+				return
+			case d, ok := <-deliveries:
+				if !ok {
+					done <- fmt.Errorf("the consumer's channel closed")
+					return
+				}
+				if !got[d.MessageId] {
+					got[d.MessageId] = true
+					seen(&d)
+				}
+				if unacked++; unacked == b.o.ackEvery || len(got) == want {
+					if err := d.Ack(true); err != nil {
+						done <- err
+						return
+					}
+					unacked = 0
+				}
+				if len(got) == want {
+					done <- nil
+					return
+				}
 			}
 		}
-		tick.Stop()
-	}
+	}()
+	return func() error {
+		err := <-done
+		_ = ch.Close()
+		return err
+	}, nil
+}
 
-	progress := time.NewTicker(time.Second)
-	defer progress.Stop()
-wait:
-	for {
-		select {
-		case <-allIn:
-			break wait
-		case <-ctx.Done():
-			stopRelay()
-			return ctx.Err()
-		case <-progress.C:
-			mu.Lock()
-			got := len(seen)
-			mu.Unlock()
-			fmt.Fprintf(stderr, "bench: %d/%d received\n", got, *n)
+// brokerOnly publishes the messages with amqp091-go alone, a window of
+// 1000 unconfirmed, while the consumer drains: the limit of this broker
+// and machine for this message size, without a database.
+func (b *bencher) brokerOnly(ctx context.Context) (float64, error) {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	wait, err := b.consume(ctx, b.o.messages, func(*amqp.Delivery) {})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	confirms := make([]*amqp.DeferredConfirmation, 0, b.o.messages)
+	oldest := 0
+	for i := range b.o.messages {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, "bench.tick", true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", MessageId: "broker-" + strconv.Itoa(i), Body: b.payload,
+		})
+		if err != nil {
+			return 0, err
+		}
+		confirms = append(confirms, dc)
+		if len(confirms)-oldest == 1000 { // a window of 1000 unconfirmed
+			if _, err := confirms[oldest].WaitContext(ctx); err != nil {
+				return 0, err
+			}
+			oldest++
 		}
 	}
-	elapsed := time.Since(started)
-	st := stopRelay()
+	for _, dc := range confirms[oldest:] {
+		if _, err := dc.WaitContext(ctx); err != nil {
+			return 0, err
+		}
+	}
+	if err := wait(); err != nil {
+		return 0, err
+	}
+	return float64(b.o.messages) / time.Since(start).Seconds(), nil
+}
 
+// startRelay runs a relay with the default configuration (the batch size
+// aside) until the returned function is called.
+func (b *bencher) startRelay(ctx context.Context) (func() relay.Stats, error) {
+	logger := slog.New(slog.NewTextHandler(b.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: b.urls, ConnectionName: "outbox-bench", Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	r, err := relay.New(b.store, pub, &relay.Config{BatchSize: b.o.batch, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(rctx); _ = pub.Close() }()
+	return func() relay.Stats { cancel(); <-done; return r.Stats() }, nil
+}
+
+func (b *bencher) write(ctx context.Context, keys []string) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	evts := make([]outbox.Event, len(keys))
+	for i, k := range keys {
+		evts[i] = outbox.Event{Type: "bench.tick", Key: k, Payload: b.payload}
+	}
+	if err := b.store.Add(ctx, tx, evts...); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// relayRun writes the messages, then relays them and returns messages per
+// second from the relay's start to the last delivery.
+func (b *bencher) relayRun(ctx context.Context) (float64, error) {
+	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
+		return 0, err
+	}
+	for from := 0; from < b.o.messages; from += b.o.perTx {
+		keys := make([]string, 0, b.o.perTx)
+		for i := from; i < min(from+b.o.perTx, b.o.messages); i++ {
+			keys = append(keys, strconv.Itoa(i))
+		}
+		if err := b.write(ctx, keys); err != nil {
+			return 0, err
+		}
+	}
+	wait, err := b.consume(ctx, b.o.messages, func(*amqp.Delivery) {})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	stop, err := b.startRelay(ctx)
+	if err != nil {
+		return 0, err
+	}
+	err = wait()
+	elapsed := time.Since(start)
+	st := stop()
+	if err != nil {
+		return 0, err
+	}
+	if st.Failed > 0 || st.Released > 0 {
+		fmt.Fprintf(b.stderr, "bench: relay %d failed, %d released\n", st.Failed, st.Released)
+	}
+	return float64(b.o.messages) / elapsed.Seconds(), nil
+}
+
+// latency writes one message per transaction at the configured rate,
+// shared by the writers, while the relay runs, and reports the time from
+// each commit to its first delivery.
+func (b *bencher) latency(ctx context.Context, out io.Writer) error {
+	pcts := []float64{0.5, 0.9, 0.99, 1}
+	figures := make([]figure, len(pcts))
+	for run := 1; run <= b.o.runs; run++ {
+		lat, err := b.latencyRun(ctx)
+		if err != nil {
+			return err
+		}
+		slices.Sort(lat)
+		for i, p := range pcts {
+			figures[i] = append(figures[i], float64(lat[int(p*float64(len(lat)-1))].Microseconds())/1000)
+		}
+		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms\n", run, figures[0][run-1], figures[2][run-1])
+	}
+	ms := func(f figure) string {
+		s := slices.Sorted(slices.Values(f))
+		return fmt.Sprintf("%.1f ms [%.1f–%.1f]", s[len(s)/2], s[0], s[len(s)-1])
+	}
+	fmt.Fprintf(out, "bench: commit to consume at %d msgs/s, %d writer(s), one message per transaction: p50 %s, p90 %s, p99 %s, max %s\n",
+		b.o.rate, b.o.writers, ms(figures[0]), ms(figures[1]), ms(figures[2]), ms(figures[3]))
+	return nil
+}
+
+func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
+	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
+		return nil, err
+	}
+	var (
+		mu        sync.Mutex
+		committed = make(map[string]time.Time, b.o.messages)
+		arrived   = make(map[string]time.Time, b.o.messages)
+	)
+	wait, err := b.consume(ctx, b.o.messages, func(d *amqp.Delivery) {
+		now := time.Now()
+		key, _ := d.Headers[relay.KeyHeader].(string)
+		mu.Lock()
+		arrived[key] = now
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, err
+	}
+	stop, err := b.startRelay(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+
+	// Each writer writes every writers-th message on its own schedule.
+	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / float64(b.o.rate))
+	errs := make(chan error, b.o.writers)
+	for w := range b.o.writers {
+		go func() {
+			next := time.Now().Add(time.Duration(w) * interval / time.Duration(b.o.writers))
+			for i := w; i < b.o.messages; i += b.o.writers {
+				if d := time.Until(next); d > 0 {
+					select {
+					case <-ctx.Done():
+						errs <- ctx.Err()
+						return
+					case <-time.After(d):
+					}
+				}
+				next = next.Add(interval)
+				key := strconv.Itoa(i)
+				if err := b.write(ctx, []string{key}); err != nil {
+					errs <- err
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				committed[key] = now
+				mu.Unlock()
+			}
+			errs <- nil
+		}()
+	}
+	for range b.o.writers {
+		if err := <-errs; err != nil {
+			return nil, err
+		}
+	}
+	if err := wait(); err != nil {
+		return nil, err
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	slices.Sort(latencies)
-	pct := func(p float64) time.Duration {
-		return latencies[int(p*float64(len(latencies)-1))].Round(100 * time.Microsecond)
+	lat := make([]time.Duration, 0, len(committed))
+	for k, t := range committed {
+		if a, ok := arrived[k]; ok {
+			lat = append(lat, max(a.Sub(t), 0)) // a delivery can beat the commit's return to the writer
+		}
 	}
-	fmt.Fprintf(stdout, "bench: relayed %d messages in %s: %.0f msgs/s (batch %d)\n", *n, elapsed.Round(time.Millisecond), float64(*n)/elapsed.Seconds(), *batch)
-	if *rate > 0 { // with everything written first, latency would only measure the queue
-		fmt.Fprintf(stdout, "bench: commit to consume at %d msgs/s: p50 %s, p99 %s, max %s\n", *rate, pct(0.5), pct(0.99), pct(1))
+	if len(lat) == 0 {
+		return nil, fmt.Errorf("no latency measured")
 	}
-	fmt.Fprintf(stdout, "bench: relay %d published, %d failed, %d released\n", st.Published, st.Failed, st.Released)
-	return nil
+	return lat, nil
 }

@@ -188,16 +188,20 @@ func TestRelayDaemon(t *testing.T) {
 func TestBench(t *testing.T) {
 	t.Parallel()
 	vars := map[string]string{"AMQP_URL": amqptest.URL()}
-	code, out, errOut := outboxCmd(t, vars, "bench", "--messages", "400", "--batch-size", "50")
+	code, out, errOut := outboxCmd(t, vars, "bench", "--messages", "400", "--batch-size", "50", "--runs", "2")
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, `bench: relayed 400 messages in \S+: \d+ msgs/s \(batch 50\)`, out)
-	require.Contains(t, out, "400 published, 0 failed")
-	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200")
+	require.Regexp(t, `bench: \d+ cores, go\S+, PostgreSQL \d+.*RabbitMQ \d+\.\d+\.\d+; 256-byte persistent messages, durable queue`, out)
+	require.Regexp(t, `broker alone \(amqp091-go, confirms pipelined, window 1000\): \d+ \[\d+–\d+\] msgs/s`, out)
+	require.Regexp(t, `relay, 400 messages written first: \d+ \[\d+–\d+\] msgs/s = \d+\.\d+ × the broker alone`, out)
+	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--writers", "2", "--runs", "1")
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, `commit to consume at 200 msgs/s: p50 \S+, p99 \S+`, out)
+	require.Regexp(t, `commit to consume at 200 msgs/s, 2 writer\(s\), one message per transaction: p50 \S+ ms \[\S+\], p90 \S+ ms \[\S+\], p99 \S+ ms \[\S+\], max`, out)
 	m := regexp.MustCompile(`scratch table (outbox_bench_[0-9a-f]+)`).FindStringSubmatch(errOut)
 	require.NotNil(t, m, errOut)
 	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, m[1]), "the scratch table is dropped")
+	code, _, errOut = outboxCmd(t, vars, "bench", "--ack-every", "500", "--prefetch", "100")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "must not exceed --prefetch")
 }
 
 // TestRelayDaemonReleasesOnSIGTERM stops `outbox relay` while it holds
