@@ -112,9 +112,19 @@ type AMQPPublisher struct {
 	configuredSize int64        // AMQPConfig.MaxMessageSize
 	maxMessageSize atomic.Int64 // lower than configuredSize once the broker refused a size
 
-	mu      sync.Mutex // one Publish at a time; guards everything below
-	closed  bool
-	next    int // node to try first
+	closed  atomic.Bool
+	lanesMu sync.Mutex
+	lanes   []*amqpLane
+}
+
+// amqpLane is one connection of an AMQPPublisher with its confirm-mode
+// channel. A Publish takes a lane that is free, or opens a new one, so
+// that concurrent Publish calls (a relay with Config.MaxInFlight > 1)
+// publish side by side, each awaiting only its own confirms.
+type amqpLane struct {
+	*AMQPPublisher
+	mu      sync.Mutex // held for a whole Publish; guards everything below
+	next    int        // node to try first
 	conn    *amqp.Connection
 	ch      *amqp.Channel
 	returns chan amqp.Return
@@ -184,7 +194,8 @@ func redactedURIError(err error, raw string) string {
 }
 
 // Publish sends the batch and waits for the broker's confirms; see
-// Publisher. Batches larger than 1000 messages go out in windows of 1000,
+// Publisher. It is safe for concurrent use: concurrent calls publish on
+// connections of their own, opened as needed. Batches larger than 1000 messages go out in windows of 1000,
 // each confirmed before the next is sent.
 //
 // When the broker closes the channel or the connection because of
@@ -202,18 +213,36 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 		}
 		return errs
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	l := p.lane()
+	defer l.mu.Unlock()
 	for start := 0; start < len(msgs); start += confirmWindow {
-		errs = append(errs, p.publishIsolating(ctx, msgs[start:min(start+confirmWindow, len(msgs))], 0)...)
+		errs = append(errs, l.publishIsolating(ctx, msgs[start:min(start+confirmWindow, len(msgs))], 0)...)
 	}
 	return errs
+}
+
+// Concurrent reports that Publish may be called concurrently.
+func (p *AMQPPublisher) Concurrent() bool { return true }
+
+// lane returns a free lane, locked, opening a new one if all are busy.
+func (p *AMQPPublisher) lane() *amqpLane {
+	p.lanesMu.Lock()
+	defer p.lanesMu.Unlock()
+	for _, l := range p.lanes {
+		if l.mu.TryLock() {
+			return l
+		}
+	}
+	l := &amqpLane{AMQPPublisher: p}
+	l.mu.Lock()
+	p.lanes = append(p.lanes, l)
+	return l
 }
 
 // publishIsolating publishes a window and, if the broker closed the channel
 // for a reason that points at no message in particular, republishes the
 // suspects in halves until each is either confirmed or alone and refused.
-func (p *AMQPPublisher) publishIsolating(ctx context.Context, msgs []outbox.Message, depth int) []error {
+func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, depth int) []error {
 	errs := p.publishWindow(ctx, msgs)
 	var suspects []int
 	for i, err := range errs {
@@ -255,7 +284,7 @@ func (p *AMQPPublisher) publishIsolating(ctx context.Context, msgs []outbox.Mess
 // confirms. The bound matters: the broker's returns (unroutable messages)
 // wait in a buffer larger than the window, so the library never has to
 // drop one, which would let an unroutable message pass as published.
-func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message) []error {
+func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
 	fail := func(reason string, err error) []error {
 		for i, m := range msgs {
@@ -263,7 +292,7 @@ func (p *AMQPPublisher) publishWindow(ctx context.Context, msgs []outbox.Message
 		}
 		return errs
 	}
-	if p.closed {
+	if p.closed.Load() {
 		return fail("the publisher was closed", ErrPublisherClosed)
 	}
 	if err := p.ensureChannel(ctx); err != nil {

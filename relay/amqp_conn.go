@@ -13,7 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-func (p *AMQPPublisher) ensureChannel(ctx context.Context) error {
+func (p *amqpLane) ensureChannel(ctx context.Context) error {
 	if p.conn == nil || p.conn.IsClosed() {
 		p.discard(true)
 		if err := p.dial(ctx); err != nil {
@@ -44,7 +44,7 @@ func (p *AMQPPublisher) ensureChannel(ctx context.Context) error {
 }
 
 // dial connects to the first node that answers, starting with p.next.
-func (p *AMQPPublisher) dial(ctx context.Context) error {
+func (p *amqpLane) dial(ctx context.Context) error {
 	var errs []error
 	for k := range p.urls {
 		if err := ctx.Err(); err != nil {
@@ -78,7 +78,7 @@ func (p *AMQPPublisher) dial(ctx context.Context) error {
 // dialNode connects to one node. amqp091-go's dial is not context-aware; the
 // socket is closed when ctx ends, so that a shutdown is not held up by a
 // broker that accepts connections and then does not answer.
-func (p *AMQPPublisher) dialNode(ctx context.Context, url string, props amqp.Table) (*amqp.Connection, error) {
+func (p *amqpLane) dialNode(ctx context.Context, url string, props amqp.Table) (*amqp.Connection, error) {
 	var (
 		mu      sync.Mutex
 		sockets []net.Conn
@@ -125,7 +125,7 @@ func (p *AMQPPublisher) dialNode(ctx context.Context, url string, props amqp.Tab
 // is set. The next Publish opens what is missing. It never waits for a
 // broker that does not answer: a channel is closed only once the broker
 // closed it (a no-op), and a connection with a deadline.
-func (p *AMQPPublisher) discard(all bool) {
+func (p *amqpLane) discard(all bool) {
 	if p.ch != nil {
 		go func(c chan amqp.Return) { // let the library finish whatever it still sends
 			for range c {
@@ -151,20 +151,23 @@ func (p *AMQPPublisher) Close() error {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed.Swap(true) {
 		return nil
 	}
-	p.closed = true
-	p.ch = nil
-	if p.conn == nil {
-		return nil
+	p.lanesMu.Lock()
+	lanes := p.lanes
+	p.lanesMu.Unlock()
+	var errs []error
+	for _, l := range lanes {
+		l.mu.Lock() // after the Publish in progress, if any
+		l.ch = nil
+		if l.conn != nil {
+			if err := l.conn.CloseDeadline(time.Now().Add(closeGrace)); err != nil && !errors.Is(err, amqp.ErrClosed) {
+				errs = append(errs, err)
+			}
+			l.conn = nil
+		}
+		l.mu.Unlock()
 	}
-	err := p.conn.CloseDeadline(time.Now().Add(closeGrace))
-	p.conn = nil
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
-	}
-	return err
+	return errors.Join(errs...)
 }

@@ -20,7 +20,7 @@ var maxSizeRe = regexp.MustCompile(`larger than configured max size (\d+)`)
 // says the client sent something the broker refused, without saying which
 // message, makes every unconfirmed message a suspect (see
 // publishIsolating). Anything else is the broker's fault.
-func (p *AMQPPublisher) blame(m *outbox.Message, closeErr *amqp.Error) error {
+func (p *amqpLane) blame(m *outbox.Message, closeErr *amqp.Error) error {
 	if closeErr == nil {
 		return brokerFault(m.ID, "the connection was lost or timed out before the broker confirmed", nil)
 	}

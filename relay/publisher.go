@@ -8,7 +8,8 @@ import (
 )
 
 // Publisher sends messages to a broker. The relay calls Publish with one
-// batch at a time, never concurrently.
+// batch at a time, never concurrently, unless the Publisher is a
+// ConcurrentPublisher.
 //
 // Publish must return one error per message, in the order of msgs: nil when
 // the broker confirmed the message (it is then marked published and never
@@ -22,6 +23,16 @@ import (
 type Publisher interface {
 	Publish(ctx context.Context, msgs []outbox.Message) []error
 	Close() error
+}
+
+// ConcurrentPublisher is a Publisher whose Publish may be called from
+// several goroutines at once, each batch awaiting only its own confirms, as
+// AMQPPublisher's may. A relay with Config.MaxInFlight > 1 then publishes
+// its batches side by side; with any other Publisher it overlaps claims and
+// settles with publishing, but publishes one batch at a time.
+type ConcurrentPublisher interface {
+	Publisher
+	Concurrent() bool
 }
 
 // Store is the part of *outbox.Store the relay uses. It exists so that tests

@@ -23,11 +23,13 @@ const (
 	PublishTimeoutDefault  = 10 * time.Second
 	PurgeIntervalDefault   = time.Hour
 	ShutdownTimeoutDefault = 10 * time.Second
+	MaxInFlightDefault     = 4
 	settleTimeout          = 15 * time.Second
 	settleRetryMin         = 25 * time.Millisecond
 	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
 	pollFirst              = time.Millisecond // the first wait after an empty claim
+	wakeBurst              = 8                // empty claims 1ms apart after a wake-up
 )
 
 // Config configures a Relay. The zero value (and nil) gives the defaults.
@@ -48,6 +50,15 @@ type Config struct {
 
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// MaxInFlight is how many batches may be claimed and not yet settled
+	// at once. Each is handled by a lane of its own (claim, publish,
+	// settle), so that the next batch is claimed and published while the
+	// confirms and marks of the previous one are awaited; settles are
+	// applied in claim order. A batch may wait for the settles of the
+	// batches claimed before it, within its lease. A Publisher that is not
+	// a ConcurrentPublisher is never called concurrently. Defaults to 4.
+	MaxInFlight int
 
 	// PollInterval is the longest the relay waits between claims when
 	// there is nothing to do: after a claim that found messages it claims
@@ -89,6 +100,7 @@ func (c *Config) withDefaults() Config {
 	return Config{
 		BackoffMax:      cmp.Or(c.BackoffMax, BackoffMaxDefault),
 		BatchSize:       cmp.Or(c.BatchSize, BatchSizeDefault),
+		MaxInFlight:     cmp.Or(c.MaxInFlight, MaxInFlightDefault),
 		Lease:           cmp.Or(c.Lease, LeaseDefault),
 		Logger:          cmp.Or(c.Logger, slog.Default()),
 		PollInterval:    cmp.Or(c.PollInterval, PollIntervalDefault),
@@ -104,6 +116,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.BatchSize < 1:
 		return fmt.Errorf("relay: Config.BatchSize must be at least 1 (got %d)", c.BatchSize)
+	case c.MaxInFlight < 1:
+		return fmt.Errorf("relay: Config.MaxInFlight must be at least 1 (got %d)", c.MaxInFlight)
 	case c.BackoffMax < backoffMin:
 		return fmt.Errorf("relay: Config.BackoffMax must be at least %s (got %s)", backoffMin, c.BackoffMax)
 	case c.Lease < time.Millisecond:
@@ -136,10 +150,15 @@ type Relay struct {
 	running atomic.Bool
 	stats   counters
 
-	health    atomic.Pointer[Health]
-	pollFirst time.Duration                        // the first wait after an empty claim
-	backoff   outbox.BackoffFunc                   // waits after broker or database failures
-	sleepHook func(d time.Duration, wakeable bool) // tests: replaces sleeping
+	health     atomic.Pointer[Health]
+	claimMu    sync.Mutex // one claim at a time, numbered by order
+	order      sequencer
+	pubMu      sync.Mutex                           // one Publish at a time unless concurrent
+	concurrent bool                                 // the publisher may be called from several lanes at once
+	backlog    chan struct{}                        // full claims call extra lanes in
+	pollFirst  time.Duration                        // the first wait after an empty claim
+	backoff    outbox.BackoffFunc                   // waits after broker or database failures
+	sleepHook  func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
 
 type counters struct {
@@ -172,7 +191,8 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst,
+	cp, ok := pub.(ConcurrentPublisher)
+	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(),
 		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }
 
@@ -229,10 +249,50 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer cancel()
 		local = ch
 	}
-	var failures, idle int
+
+	// MaxInFlight lanes claim, publish and settle side by side: one
+	// lane's claim and publish overlap another's confirms and marks. The
+	// first lane polls and follows wake-ups; the others join only while
+	// claims come back full, so that a relay that keeps up with its writers
+	// makes one claim at a time (on two cores, concurrent claims and marks
+	// slowed each other down).
+	laneCtx, stopLanes := context.WithCancel(ctx)
+	defer stopLanes()
+	var (
+		lanes    sync.WaitGroup
+		fatalErr error
+		once     sync.Once
+	)
+	r.backlog = make(chan struct{}, r.cfg.MaxInFlight)
+	for i := range r.cfg.MaxInFlight {
+		lanes.Add(1)
+		go func() {
+			defer lanes.Done()
+			lane := r.lane
+			if i > 0 {
+				lane = r.extraLane
+			}
+			if err := lane(laneCtx, local); err != nil {
+				once.Do(func() { fatalErr = err })
+				stopLanes()
+			}
+		}()
+	}
+	lanes.Wait()
+	if fatalErr != nil {
+		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", fatalErr.Error()))
+		return fatalErr
+	}
+	r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
+	return nil
+}
+
+// lane claims, publishes and settles until ctx ends, and returns the
+// error that ends the relay, if one did.
+func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
+	var failures, idle, burst int
 	for {
 		if ctx.Err() != nil {
-			r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
 			return nil
 		}
 		res, err := r.runOnce(ctx)
@@ -240,7 +300,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		var wait time.Duration
 		switch {
 		case fatal(err):
-			r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", err.Error()))
 			return err
 		case ctx.Err() != nil:
 			continue
@@ -266,7 +325,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		case res.claimed > 0:
 			failures, idle = 0, 0
+			r.signalBacklog(res)
 			continue // work found: there may be more, claim again at once
+		case burst > 0:
+			failures = 0
+			burst--
+			wait = r.pollFirst
 		default:
 			failures = 0
 			wait = min(r.cfg.PollInterval, r.pollFirst<<min(idle, 30))
@@ -275,7 +339,49 @@ func (r *Relay) Run(ctx context.Context) error {
 		if failures > 0 {
 			r.sleep(ctx, wait) // a backoff is not cut short by new work
 		} else if r.sleep(ctx, wait, r.cfg.Wakeup, local) {
-			idle = 0 // woken: the work may not be committed yet, poll closely
+			// Woken, maybe before the writer's commit: poll closely for a
+			// few milliseconds before the waits grow again.
+			idle, burst = 0, wakeBurst
+		}
+	}
+}
+
+// signalBacklog asks an extra lane to join when a claim came back full.
+func (r *Relay) signalBacklog(res result) {
+	if res.claimed == r.cfg.BatchSize {
+		select {
+		case r.backlog <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// extraLane claims, publishes and settles while claims come back full,
+// and waits for a backlog otherwise.
+func (r *Relay) extraLane(ctx context.Context, _ <-chan struct{}) error {
+	var failures int
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.backlog:
+		}
+		for ctx.Err() == nil {
+			res, err := r.runOnce(ctx)
+			if fatal(err) {
+				return err
+			}
+			if err != nil || res.brokerFaults > 0 {
+				// The first lane logs and reports it; this one backs off.
+				failures++
+				r.sleep(ctx, r.backoff(failures))
+				break
+			}
+			failures = 0
+			if res.claimed < r.cfg.BatchSize {
+				break
+			}
+			r.signalBacklog(res)
 		}
 	}
 }
@@ -358,7 +464,15 @@ type result struct {
 
 // runOnce claims one batch, publishes it and settles every message.
 func (r *Relay) runOnce(ctx context.Context) (result, error) {
+	// Claims are taken one at a time and numbered, so that settles can
+	// follow in claim order whichever lane publishes first.
+	r.claimMu.Lock()
 	msgs, err := r.store.Claim(ctx, r.cfg.BatchSize, r.cfg.Lease)
+	var seq uint64
+	if err == nil && len(msgs) > 0 {
+		seq = r.order.take()
+	}
+	r.claimMu.Unlock()
 	if err != nil {
 		return result{}, err
 	}
@@ -366,12 +480,14 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	if len(msgs) == 0 {
 		return res, nil
 	}
+	defer r.order.finish(seq)
 	r.stats.batches.Add(1)
 	settleCtx, cancelSettle := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancelSettle()
 	// Failed settles are retried while the lease leaves time for it.
 	until := time.Now().Add(r.cfg.Lease - r.cfg.Lease/4)
 	if ctx.Err() != nil {
+		r.order.wait(seq)
 		r.release(settleCtx, until, msgs)
 		return res, nil
 	}
@@ -384,11 +500,18 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	stop := context.AfterFunc(ctx, func() {
 		shutdownTimer.Store(time.AfterFunc(r.cfg.ShutdownTimeout, cancelPub))
 	})
+	if !r.concurrent { // a Publisher that did not say it may be called concurrently
+		r.pubMu.Lock()
+	}
 	errs := r.pub.Publish(pubCtx, msgs)
+	if !r.concurrent {
+		r.pubMu.Unlock()
+	}
 	stop()
 	if t := shutdownTimer.Load(); t != nil {
 		t.Stop()
 	}
+	r.order.wait(seq) // settles follow claim order
 	if len(errs) != len(msgs) {
 		r.logger.ErrorContext(ctx, "relay: Publisher returned a wrong number of results; releasing the batch",
 			slog.Int("num_messages", len(msgs)), slog.Int("num_results", len(errs)))
@@ -539,4 +662,40 @@ func isNil(v any) bool {
 		return rv.IsNil()
 	}
 	return false
+}
+
+// sequencer lets the lanes settle in the order their batches were claimed.
+type sequencer struct {
+	mu         sync.Mutex
+	cond       *sync.Cond
+	next, done uint64
+}
+
+// take numbers the next claim; the caller holds the claim lock.
+func (s *sequencer) take() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	return s.next
+}
+
+// wait returns once every batch claimed before seq has settled.
+func (s *sequencer) wait(seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cond == nil {
+		s.cond = sync.NewCond(&s.mu)
+	}
+	for s.done < seq-1 {
+		s.cond.Wait()
+	}
+}
+
+// finish records that batch seq has settled, after those before it.
+func (s *sequencer) finish(seq uint64) {
+	s.wait(seq)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = seq
+	s.cond.Broadcast()
 }

@@ -264,7 +264,7 @@ func TestBrokerClosesConnection(t *testing.T) {
 	// an operator or a node shutting down would; the relay must notice and
 	// come back for the next messages.
 	for round := 1; round <= 2; round++ {
-		require.Equal(t, 1, amqptest.CloseNamedConnections(t, name), "round %d", round)
+		require.GreaterOrEqual(t, amqptest.CloseNamedConnections(t, name), 1, "round %d", round) // one per lane that has published
 		b.write(t, 200, 100, small)
 		require.Eventually(t, func() bool { return b.consumer.Distinct() == 200*(round+1) }, time.Minute, 20*time.Millisecond)
 	}

@@ -103,12 +103,17 @@ func msgs(ids ...string) []outbox.Message {
 	return out
 }
 
+// newTestRelay returns a relay with one lane unless cfg asks for more, so
+// that tests of the loop see one sequence of claims and waits.
 func newTestRelay(t *testing.T, store Store, pub Publisher, cfg *Config) *Relay {
 	t.Helper()
 	if cfg == nil {
 		cfg = &Config{}
 	}
 	cfg.Logger = dbtest.Logger(t)
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 1
+	}
 	r, err := New(store, pub, cfg)
 	require.NoError(t, err)
 	return r

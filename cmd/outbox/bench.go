@@ -26,7 +26,8 @@ const maxRate = 1_000_000
 
 // benchOptions are the flags of outbox bench.
 type benchOptions struct {
-	messages, batch, perTx, rate, writers, size, prefetch, ackEvery, runs int
+	messages, batch, inFlight, perTx, rate, writers, size, prefetch, ackEvery, runs int
+	notify                                                                          bool
 }
 
 // cmdBench measures what users of this database and broker get: a relay
@@ -40,19 +41,21 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	var o benchOptions
 	c.fs.IntVar(&o.messages, "messages", 50_000, "messages per run")
 	c.fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "relay batch size")
+	c.fs.IntVar(&o.inFlight, "max-in-flight", relay.MaxInFlightDefault, "relay batches in flight")
 	c.fs.IntVar(&o.perTx, "per-tx", 100, "messages per writing transaction, when everything is written first (--rate 0)")
 	c.fs.IntVar(&o.rate, "rate", 0, "write this many messages per second, one per transaction, while the relay runs, and report commit-to-consume latency (default 0: write everything first and report throughput)")
 	c.fs.IntVar(&o.writers, "writers", 1, "concurrent writers sharing --rate")
 	c.fs.IntVar(&o.size, "size", 256, "payload bytes per message")
 	c.fs.IntVar(&o.prefetch, "prefetch", 2000, "consumer prefetch")
 	c.fs.IntVar(&o.ackEvery, "ack-every", 200, "the consumer acks every this many deliveries (multiple ack)")
+	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	urls := c.amqpURLs(*amqpURL)
 	if err := c.positive(map[string]int64{
-		"messages": int64(o.messages), "batch-size": int64(o.batch), "per-tx": int64(o.perTx), "writers": int64(o.writers),
+		"messages": int64(o.messages), "batch-size": int64(o.batch), "max-in-flight": int64(o.inFlight), "per-tx": int64(o.perTx), "writers": int64(o.writers),
 		"size": int64(o.size), "prefetch": int64(o.prefetch), "ack-every": int64(o.ackEvery), "runs": int64(o.runs),
 	}); err != nil {
 		return err
@@ -116,8 +119,8 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	var pgVersion string
 	_ = db.QueryRowContext(ctx, "SHOW server_version").Scan(&pgVersion)
 	rmqVersion, _ := conn.Properties["version"].(string)
-	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d; %d run(s), median [min–max]\n",
-		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.size, o.ackEvery, o.prefetch, o.batch, o.runs)
+	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
+		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
 
 	bench := &bencher{o: o, db: db, store: store, conn: conn, urls: urls, exchange: exchange, queue: queue, table: c.table,
 		payload: []byte(`"` + strings.Repeat("x", max(o.size-2, 0)) + `"`), stderr: c.stderr}
@@ -281,7 +284,7 @@ func (b *bencher) startRelay(ctx context.Context) (func() relay.Stats, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := relay.New(b.store, pub, &relay.Config{BatchSize: b.o.batch, Logger: logger})
+	r, err := relay.New(b.store, pub, &relay.Config{BatchSize: b.o.batch, MaxInFlight: b.o.inFlight, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +307,13 @@ func (b *bencher) write(ctx context.Context, keys []string) error {
 	if err := b.store.Add(ctx, tx, evts...); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	if b.o.notify {
+		b.store.Notify() // what GORM's own transactions do; Add alone wakes before the commit
+	}
+	return nil
 }
 
 // relayRun writes the messages, then relays them and returns messages per

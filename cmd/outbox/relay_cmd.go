@@ -37,6 +37,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
 	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set")
+	inFlight := c.fs.Int("max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own")
 	lease := c.fs.Duration("lease", relay.LeaseDefault, "how long a claim holds; another relay takes over a dead relay's batch after it")
 	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
 	publishTimeout := c.fs.Duration("publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
@@ -51,7 +52,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	urls := c.amqpURLs(*amqpURL)
 	if err := c.positive(map[string]int64{
-		"batch-size": int64(*batch), "batch-max-bytes": *batchBytes, "lease": int64(*lease), "poll-interval": int64(*poll),
+		"batch-size": int64(*batch), "batch-max-bytes": *batchBytes, "max-in-flight": int64(*inFlight), "lease": int64(*lease), "poll-interval": int64(*poll),
 		"shutdown-timeout": int64(*shutdown), "max-attempts": int64(*maxAttempts),
 	}); err != nil {
 		return err
@@ -88,7 +89,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	defer pub.Close()
 	cfg := &relay.Config{
-		BatchSize: *batch, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
+		BatchSize: *batch, MaxInFlight: *inFlight, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
 		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
 	}
 	if *notify {
