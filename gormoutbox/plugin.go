@@ -116,6 +116,9 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 	register("begin_delete", cb.Delete().After("gorm:before_delete").Before("gorm:delete_before_associations").Register("gormoutbox:begin_delete", p.begin))
 	register("capture_delete", cb.Delete().After("gorm:after_delete").Before("gorm:commit_or_rollback_transaction").Register("gormoutbox:capture_delete", p.capture("delete")))
 	register("end_delete", cb.Delete().After("gormoutbox:capture_delete").Register("gormoutbox:end_delete", p.end))
+	register("notify_create", cb.Create().After("gorm:commit_or_rollback_transaction").Register("gormoutbox:notify_create", p.notify))
+	register("notify_update", cb.Update().After("gorm:commit_or_rollback_transaction").Register("gormoutbox:notify_update", p.notify))
+	register("notify_delete", cb.Delete().After("gorm:commit_or_rollback_transaction").Register("gormoutbox:notify_delete", p.notify))
 	return firstErr
 }
 
@@ -158,6 +161,8 @@ func (p *Plugin) end(db *gorm.DB) {
 		tx.Rollback()
 	} else if err := tx.Commit().Error; err != nil {
 		_ = db.AddError(fmt.Errorf("gormoutbox: committing: %w", err))
+	} else if _, wrote := db.InstanceGet(wroteKey); wrote {
+		p.store.Notify() // committed: relays in this process claim at once
 	}
 	db.Statement.ConnPool = db.ConnPool
 }
@@ -188,6 +193,31 @@ func (p *Plugin) capture(op string) func(*gorm.DB) {
 		}
 		if err := p.store.Add(db.Statement.Context, db.Statement.ConnPool, evts...); err != nil {
 			_ = db.AddError(fmt.Errorf("gormoutbox: %s of %s: %w", op, describe(db), err))
+			return
+		}
+		db.InstanceSet(wroteKey, true)
+	}
+}
+
+// wroteKey marks a statement that wrote events.
+const wroteKey = "gormoutbox:wrote"
+
+// notify wakes the relays of this process after GORM committed its own
+// transaction (the default one around a Create, Save, Update or Delete)
+// for a statement that wrote events. Inside a transaction of the caller's
+// (db.Transaction), the wake-up comes from Store.Add when the events are
+// written; relays then poll closely for a few milliseconds, which catches
+// a prompt commit.
+func (p *Plugin) notify(db *gorm.DB) {
+	if db.Error != nil {
+		return
+	}
+	if _, wrote := db.InstanceGet(wroteKey); !wrote {
+		return
+	}
+	if started, ok := db.InstanceGet("gorm:started_transaction"); ok {
+		if own, _ := started.(bool); own {
+			p.store.Notify()
 		}
 	}
 }

@@ -325,7 +325,6 @@ func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
 			}
 		case res.claimed > 0:
 			failures, idle = 0, 0
-			r.signalBacklog(res)
 			continue // work found: there may be more, claim again at once
 		case burst > 0:
 			failures = 0
@@ -346,9 +345,10 @@ func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
 	}
 }
 
-// signalBacklog asks an extra lane to join when a claim came back full.
-func (r *Relay) signalBacklog(res result) {
-	if res.claimed == r.cfg.BatchSize {
+// signalBacklog asks an idle extra lane to claim the next batch while this
+// one is published, when a claim came back full.
+func (r *Relay) signalBacklog(claimed int) {
+	if claimed == r.cfg.BatchSize {
 		select {
 		case r.backlog <- struct{}{}:
 		default:
@@ -381,7 +381,6 @@ func (r *Relay) extraLane(ctx context.Context, _ <-chan struct{}) error {
 			if res.claimed < r.cfg.BatchSize {
 				break
 			}
-			r.signalBacklog(res)
 		}
 	}
 }
@@ -481,6 +480,7 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 		return res, nil
 	}
 	defer r.order.finish(seq)
+	r.signalBacklog(len(msgs))
 	r.stats.batches.Add(1)
 	settleCtx, cancelSettle := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancelSettle()

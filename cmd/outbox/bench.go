@@ -26,8 +26,9 @@ const maxRate = 1_000_000
 
 // benchOptions are the flags of outbox bench.
 type benchOptions struct {
-	messages, batch, inFlight, perTx, rate, writers, size, prefetch, ackEvery, runs int
-	notify                                                                          bool
+	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs int
+	rate                                                                      float64
+	notify, noWake                                                            bool
 }
 
 // cmdBench measures what users of this database and broker get: a relay
@@ -43,12 +44,13 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "relay batch size")
 	c.fs.IntVar(&o.inFlight, "max-in-flight", relay.MaxInFlightDefault, "relay batches in flight")
 	c.fs.IntVar(&o.perTx, "per-tx", 100, "messages per writing transaction, when everything is written first (--rate 0)")
-	c.fs.IntVar(&o.rate, "rate", 0, "write this many messages per second, one per transaction, while the relay runs, and report commit-to-consume latency (default 0: write everything first and report throughput)")
+	c.fs.Float64Var(&o.rate, "rate", 0, "write this many messages per second, one per transaction, while the relay runs, and report commit-to-consume latency (default 0: write everything first and report throughput)")
 	c.fs.IntVar(&o.writers, "writers", 1, "concurrent writers sharing --rate")
 	c.fs.IntVar(&o.size, "size", 256, "payload bytes per message")
 	c.fs.IntVar(&o.prefetch, "prefetch", 2000, "consumer prefetch")
 	c.fs.IntVar(&o.ackEvery, "ack-every", 200, "the consumer acks every this many deliveries (multiple ack)")
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
+	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
 	if err := c.parse(args); err != nil {
 		return err
@@ -284,7 +286,11 @@ func (b *bencher) startRelay(ctx context.Context) (func() relay.Stats, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := relay.New(b.store, pub, &relay.Config{BatchSize: b.o.batch, MaxInFlight: b.o.inFlight, Logger: logger})
+	var store relay.Store = b.store
+	if b.o.noWake {
+		store = struct{ relay.Store }{b.store} // hides Store.Subscribe
+	}
+	r, err := relay.New(store, pub, &relay.Config{BatchSize: b.o.batch, MaxInFlight: b.o.inFlight, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +379,7 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		s := slices.Sorted(slices.Values(f))
 		return fmt.Sprintf("%.1f ms [%.1f–%.1f]", s[len(s)/2], s[0], s[len(s)-1])
 	}
-	fmt.Fprintf(out, "bench: commit to consume at %d msgs/s, %d writer(s), one message per transaction: p50 %s, p90 %s, p99 %s, max %s\n",
+	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction: p50 %s, p90 %s, p99 %s, max %s\n",
 		b.o.rate, b.o.writers, ms(figures[0]), ms(figures[1]), ms(figures[2]), ms(figures[3]))
 	return nil
 }
@@ -404,7 +410,7 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
 	defer stop()
 
 	// Each writer writes every writers-th message on its own schedule.
-	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / float64(b.o.rate))
+	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / b.o.rate)
 	errs := make(chan error, b.o.writers)
 	for w := range b.o.writers {
 		go func() {

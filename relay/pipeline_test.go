@@ -1,0 +1,136 @@
+package relay
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+)
+
+// concurrentPub is a ConcurrentPublisher whose answer for each batch the
+// test decides, and which records how many batches it holds at once.
+type concurrentPub struct {
+	publish  func(ctx context.Context, m []outbox.Message) []error
+	inFlight atomic.Int32
+	maxSeen  atomic.Int32
+}
+
+func (p *concurrentPub) Publish(ctx context.Context, m []outbox.Message) []error {
+	n := p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	for {
+		seen := p.maxSeen.Load()
+		if n <= seen || p.maxSeen.CompareAndSwap(seen, n) {
+			break
+		}
+	}
+	return p.publish(ctx, m)
+}
+
+func (p *concurrentPub) Close() error     { return nil }
+func (p *concurrentPub) Concurrent() bool { return true }
+
+// indexOf returns the position of the first call that starts with prefix.
+func indexOf(t *testing.T, calls []string, prefix string) int {
+	t.Helper()
+	for i, c := range calls {
+		if strings.HasPrefix(c, prefix) {
+			return i
+		}
+	}
+	t.Fatalf("no call %q in %q", prefix, calls)
+	return -1
+}
+
+// runPipeline runs a two-lane relay until stop is called.
+func runPipeline(t *testing.T, store Store, pub Publisher, cfg *Config) (*Relay, func()) {
+	t.Helper()
+	cfg.MaxInFlight, cfg.BatchSize = 2, 2
+	r := newTestRelay(t, store, pub, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); require.NoError(t, <-done) }) }
+	t.Cleanup(stop)
+	return r, stop
+}
+
+// Issue 9, item 1: on shutdown with two batches in flight, both wait for
+// their confirms up to ShutdownTimeout and are then released, in claim
+// order, without an attempt.
+func TestPipelineShutdownWithTwoBatchesInFlight(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a1", "a2")...)
+	store.push(msgs("b1", "b2")...)
+	pub := &concurrentPub{publish: func(ctx context.Context, m []outbox.Message) []error {
+		<-ctx.Done() // the broker never confirms
+		errs := make([]error, len(m))
+		for i := range m {
+			errs[i] = brokerFault(m[i].ID, "no confirm", ctx.Err())
+		}
+		return errs
+	}}
+	r, stop := runPipeline(t, store, pub, &Config{ShutdownTimeout: 50 * time.Millisecond})
+	require.Eventually(t, func() bool { return pub.inFlight.Load() == 2 }, 5*time.Second, time.Millisecond, "both lanes publish at once")
+	stop()
+	calls := store.log()
+	require.Less(t, indexOf(t, calls, "release a1,a2"), indexOf(t, calls, "release b1,b2"), "settles follow claim order: %q", calls)
+	require.Equal(t, int64(4), r.Stats().Released)
+	require.Zero(t, r.Stats().Failed)
+}
+
+// Issue 9, item 1: a lease lost on batch N (marked after its lease ran
+// out) costs nothing to batch N+1, which is published meanwhile.
+func TestPipelineLeaseLostWhileNextBatchPublishes(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{lost: map[string]bool{"a1": true, "a2": true}}
+	store.push(msgs("a1", "a2")...)
+	store.push(msgs("b1", "b2")...)
+	release := make(chan struct{})
+	pub := &concurrentPub{publish: func(ctx context.Context, m []outbox.Message) []error {
+		if m[0].ID == "a1" {
+			<-release // batch N is slow to confirm: its lease runs out
+		}
+		return make([]error, len(m))
+	}}
+	r, stop := runPipeline(t, store, pub, &Config{})
+	require.Eventually(t, func() bool { return pub.maxSeen.Load() == 2 || store.claimCount() >= 2 }, 5*time.Second, time.Millisecond)
+	close(release)
+	require.Eventually(t, func() bool { return r.Stats().Published == 2 && r.Stats().LeasesLost == 2 }, 5*time.Second, time.Millisecond)
+	stop()
+	calls := store.log()
+	require.Less(t, indexOf(t, calls, "published a1,a2"), indexOf(t, calls, "published b1,b2"), "settles follow claim order: %q", calls)
+	require.Equal(t, int32(2), pub.maxSeen.Load(), "batch N+1 was published while N awaited its confirms")
+}
+
+// Issue 9, item 1: a broker fault in batch N while N+1 is claimed releases
+// N without an attempt and leaves N+1 to its own fate.
+func TestPipelineBrokerFaultInBatchNWhileNextIsClaimed(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a1", "a2")...)
+	store.push(msgs("b1", "b2")...)
+	claimedNext := make(chan struct{})
+	pub := &concurrentPub{publish: func(ctx context.Context, m []outbox.Message) []error {
+		if m[0].ID == "a1" {
+			<-claimedNext
+			return []error{brokerFault("a1", "channel closed", nil), brokerFault("a2", "channel closed", nil)}
+		}
+		close(claimedNext)
+		return make([]error, len(m))
+	}}
+	r, stop := runPipeline(t, store, pub, &Config{BackoffMax: time.Second})
+	require.Eventually(t, func() bool { return r.Stats().Released == 2 && r.Stats().Published == 2 }, 5*time.Second, time.Millisecond)
+	stop()
+	calls := store.log()
+	require.Less(t, indexOf(t, calls, "release a1,a2"), indexOf(t, calls, "published b1,b2"), "settles follow claim order: %q", calls)
+	require.Zero(t, r.Stats().Failed, "a broker fault counts no attempt")
+}
