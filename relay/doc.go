@@ -41,9 +41,13 @@
 // was confirmed and releases the rest. Several relays, in one process or
 // many, can share a table: claims never overlap while leases hold. The
 // relay uses its store's own connection pool and holds no transaction open
-// while it publishes. It wakes for new work every Config.PollInterval, at
-// once while batches come back full, and at once on Config.Wakeup (see
-// package pgwake for LISTEN/NOTIFY).
+// while it publishes. After a claim that found work it claims again at
+// once; after an empty one it waits 1ms, doubling up to
+// Config.PollInterval. Writes made in its process wake it at once (through
+// the store's Subscribe), as does Config.Wakeup (see package pgwake for
+// LISTEN/NOTIFY). Up to Config.MaxInFlight batches are in flight: while
+// one awaits its confirms, the next is claimed and published, and settles
+// follow claim order.
 //
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as
