@@ -209,7 +209,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	errs := make([]error, 0, len(msgs))
 	if p == nil { // a nil *AMQPPublisher: not usable, like a closed one
 		for _, m := range msgs {
-			errs = append(errs, brokerFault(m.ID, "the publisher is nil", ErrPublisherClosed))
+			errs = append(errs, brokerFault(m.ID, ClassClosed, "the publisher is nil", ErrPublisherClosed))
 		}
 		return errs
 	}
@@ -257,7 +257,7 @@ func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, 
 		// Alone on a fresh channel, and the broker still refused what
 		// the client sent: this message is the cause.
 		pe := errs[0].(*PublishError)
-		errs[0] = messageFault(msgs[0].ID, "the broker closed the channel when this message was published on its own: "+pe.Err.Error())
+		errs[0] = messageFault(msgs[0].ID, ClassRefused, "the broker closed the channel when this message was published on its own: "+pe.Err.Error())
 		return errs
 	}
 	if ctx.Err() != nil {
@@ -286,20 +286,20 @@ func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, 
 // drop one, which would let an unroutable message pass as published.
 func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
-	fail := func(reason string, err error) []error {
+	fail := func(class, reason string, err error) []error {
 		for i, m := range msgs {
-			errs[i] = brokerFault(m.ID, reason, err)
+			errs[i] = brokerFault(m.ID, class, reason, err)
 		}
 		return errs
 	}
 	if p.closed.Load() {
-		return fail("the publisher was closed", ErrPublisherClosed)
+		return fail(ClassClosed, "the publisher was closed", ErrPublisherClosed)
 	}
 	if err := p.ensureChannel(ctx); err != nil {
-		return fail("cannot connect to the broker", err)
+		return fail(ClassConnection, "cannot connect to the broker", err)
 	}
 	if p.blocked.Load() {
-		return fail("the broker has blocked the connection (a memory or disk alarm)", nil)
+		return fail(ClassBlocked, "the broker has blocked the connection (a memory or disk alarm)", nil)
 	}
 
 	// A publish that blocks on a socket the broker stopped reading cannot be
@@ -343,15 +343,15 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 	for i := range msgs {
 		m := &msgs[i]
 		if int64(len(m.Payload)) > maxSize {
-			errs[i] = messageFault(m.ID, fmt.Sprintf("message body is %d bytes, larger than the %d bytes the broker accepts (%s); store large payloads elsewhere and send a reference", len(m.Payload), maxSize, sizeFrom))
+			errs[i] = messageFault(m.ID, ClassOversized, fmt.Sprintf("message body is %d bytes, larger than the %d bytes the broker accepts (%s); store large payloads elsewhere and send a reference", len(m.Payload), maxSize, sizeFrom))
 			continue
 		}
 		if reason := unencodable(m); reason != "" {
-			errs[i] = messageFault(m.ID, reason)
+			errs[i] = messageFault(m.ID, ClassUnencodable, reason)
 			continue
 		}
 		if pubErr != nil {
-			errs[i] = brokerFault(m.ID, "channel failed during the batch", pubErr)
+			errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", pubErr)
 			continue
 		}
 		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey,
@@ -365,9 +365,9 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 				// Blaming it keeps a message nothing can send from
 				// blocking the outbox; the connection is dropped below,
 				// as its state is uncertain after a partial publish.
-				errs[i] = messageFault(m.ID, "the AMQP client could not encode the message: "+err.Error())
+				errs[i] = messageFault(m.ID, ClassUnencodable, "the AMQP client could not encode the message: "+err.Error())
 			} else {
-				errs[i] = brokerFault(m.ID, "channel failed during the batch", err)
+				errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", err)
 			}
 			continue
 		}
@@ -414,12 +414,12 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 		select {
 		case <-pd.dc.Done():
 		default:
-			errs[pd.i] = brokerFault(m.ID, "no confirm from the broker in time", ctx.Err())
+			errs[pd.i] = brokerFault(m.ID, ClassTimeout, "no confirm from the broker in time", ctx.Err())
 			continue
 		}
 		switch r, ok := returned[m.ID]; {
 		case ok:
-			errs[pd.i] = messageFault(m.ID, fmt.Sprintf("unroutable: no queue is bound to exchange %q for routing key %q (broker replied %d %s); bind a queue or change the Router",
+			errs[pd.i] = messageFault(m.ID, ClassUnroutable, fmt.Sprintf("unroutable: no queue is bound to exchange %q for routing key %q (broker replied %d %s); bind a queue or change the Router",
 				r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText))
 		case pd.dc.Acked():
 			acked[pd.i] = true
@@ -429,7 +429,7 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 			// electing a leader, an internal error), not that the message
 			// is bad: no attempt is counted, and the channel, which may be
 			// the one that keeps being refused, is replaced.
-			errs[pd.i] = brokerFault(m.ID, "the broker refused the message (nack): a queue may be full with overflow reject-publish, a quorum queue may be electing a leader, or the broker had an internal error", nil)
+			errs[pd.i] = brokerFault(m.ID, ClassNack, "the broker refused the message (nack): a queue may be full with overflow reject-publish, a quorum queue may be electing a leader, or the broker had an internal error", nil)
 			nacked = true
 		}
 	}

@@ -22,12 +22,12 @@ var maxSizeRe = regexp.MustCompile(`larger than configured max size (\d+)`)
 // publishIsolating). Anything else is the broker's fault.
 func (p *amqpLane) blame(m *outbox.Message, closeErr *amqp.Error) error {
 	if closeErr == nil {
-		return brokerFault(m.ID, "the connection was lost or timed out before the broker confirmed", nil)
+		return brokerFault(m.ID, ClassConnection, "the connection was lost or timed out before the broker confirmed", nil)
 	}
 	switch closeErr.Code {
 	case amqp.NotFound:
 		if strings.Contains(closeErr.Reason, fmt.Sprintf("no exchange '%s'", m.Exchange)) {
-			return messageFault(m.ID, fmt.Sprintf("exchange %q does not exist (broker replied %d %s); declare it or change the Router", m.Exchange, closeErr.Code, closeErr.Reason))
+			return messageFault(m.ID, ClassMissingExchange, fmt.Sprintf("exchange %q does not exist (broker replied %d %s); declare it or change the Router", m.Exchange, closeErr.Code, closeErr.Reason))
 		}
 	case amqp.PreconditionFailed:
 		if sm := maxSizeRe.FindStringSubmatch(closeErr.Reason); sm != nil {
@@ -36,11 +36,11 @@ func (p *amqpLane) blame(m *outbox.Message, closeErr *amqp.Error) error {
 				p.maxMessageSize.Store(limit)
 			}
 			if int64(len(m.Payload)) > limit {
-				return messageFault(m.ID, fmt.Sprintf("message body is %d bytes, larger than the broker's max_message_size of %d bytes; store large payloads elsewhere and send a reference", len(m.Payload), limit))
+				return messageFault(m.ID, ClassOversized, fmt.Sprintf("message body is %d bytes, larger than the broker's max_message_size of %d bytes; store large payloads elsewhere and send a reference", len(m.Payload), limit))
 			}
 		}
 	}
-	pe := brokerFault(m.ID, "the broker closed the channel before confirming", closeErr)
+	pe := brokerFault(m.ID, ClassConnection, "the broker closed the channel before confirming", closeErr)
 	pe.suspect = closeErr.Server && clientCaused(closeErr.Code)
 	return pe
 }

@@ -35,6 +35,10 @@ type PublishError struct {
 	// Err is the underlying error, if any.
 	Err error
 
+	// Class names the kind of failure for metrics and alerts, one of the
+	// Class constants.
+	Class string
+
 	// suspect marks a broker fault that a message of the batch may have
 	// caused: the broker closed the channel refusing something the client
 	// sent, without saying what.
@@ -55,10 +59,26 @@ func (e *PublishError) Is(target error) bool {
 	return target == ErrBrokerUnavailable && e.BrokerFault
 }
 
-func brokerFault(id, reason string, err error) *PublishError {
-	return &PublishError{ID: id, Reason: reason, BrokerFault: true, Err: err}
+// The classes of PublishError, as metric labels. The first five are the
+// message's fault (an attempt is counted), the others the broker's.
+const (
+	ClassUnroutable      = "unroutable"       // no queue bound for the routing key
+	ClassMissingExchange = "missing_exchange" // the exchange does not exist
+	ClassOversized       = "oversized"        // the body is over the broker's limit
+	ClassUnencodable     = "unencodable"      // AMQP cannot carry the message as it is
+	ClassRefused         = "refused"          // the broker closed the channel over this message alone
+	ClassNack            = "nack"             // the broker could not take it now
+	ClassConnection      = "connection"       // no connection, or it was lost
+	ClassTimeout         = "timeout"          // no confirm in time
+	ClassBlocked         = "blocked"          // the broker blocked publishing (an alarm)
+	ClassClosed          = "closed"           // the publisher was closed
+	ClassOther           = "other"            // an error of another Publisher
+)
+
+func brokerFault(id, class, reason string, err error) *PublishError {
+	return &PublishError{ID: id, Class: class, Reason: reason, BrokerFault: true, Err: err}
 }
 
-func messageFault(id, reason string) *PublishError {
-	return &PublishError{ID: id, Reason: reason}
+func messageFault(id, class, reason string) *PublishError {
+	return &PublishError{ID: id, Class: class, Reason: reason}
 }

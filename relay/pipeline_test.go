@@ -74,7 +74,7 @@ func TestPipelineShutdownWithTwoBatchesInFlight(t *testing.T) {
 		<-ctx.Done() // the broker never confirms
 		errs := make([]error, len(m))
 		for i := range m {
-			errs[i] = brokerFault(m[i].ID, "no confirm", ctx.Err())
+			errs[i] = brokerFault(m[i].ID, ClassConnection, "no confirm", ctx.Err())
 		}
 		return errs
 	}}
@@ -122,7 +122,7 @@ func TestPipelineBrokerFaultInBatchNWhileNextIsClaimed(t *testing.T) {
 	pub := &concurrentPub{publish: func(ctx context.Context, m []outbox.Message) []error {
 		if m[0].ID == "a1" {
 			<-claimedNext
-			return []error{brokerFault("a1", "channel closed", nil), brokerFault("a2", "channel closed", nil)}
+			return []error{brokerFault("a1", ClassConnection, "channel closed", nil), brokerFault("a2", ClassConnection, "channel closed", nil)}
 		}
 		close(claimedNext)
 		return make([]error, len(m))

@@ -126,8 +126,8 @@ func TestRunOnceSettlesInOrder(t *testing.T) {
 	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
 		return []error{
 			nil,
-			messageFault("b", "unroutable"),
-			brokerFault("c", "connection lost", nil),
+			messageFault("b", ClassUnroutable, "unroutable"),
+			brokerFault("c", ClassConnection, "connection lost", nil),
 			nil,
 			errors.New("custom publisher failure"),
 		}
@@ -153,7 +153,7 @@ func TestRunOnceCountsLostLeases(t *testing.T) {
 	store := &fakeStore{lost: map[string]bool{"b": true, "c": true}}
 	store.push(msgs("a", "b", "c")...)
 	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
-		return []error{nil, nil, messageFault("c", "nack")}
+		return []error{nil, nil, messageFault("c", ClassUnroutable, "nack")}
 	})
 	r := newTestRelay(t, store, pub, nil)
 	_, err := r.runOnce(context.Background())
@@ -237,7 +237,7 @@ func TestRunShutdownReleasesUnconfirmed(t *testing.T) {
 		<-ctx.Done()
 		errs := make([]error, len(m))
 		for i := range m {
-			errs[i] = brokerFault(m[i].ID, "no confirm", ctx.Err())
+			errs[i] = brokerFault(m[i].ID, ClassConnection, "no confirm", ctx.Err())
 		}
 		return errs
 	})
@@ -366,7 +366,7 @@ func TestRunBacksOff(t *testing.T) {
 	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
 		calls++
 		if calls <= 3 { // the broker is down for three batches
-			return []error{brokerFault("m", "no connection", nil)}
+			return []error{brokerFault("m", ClassConnection, "no connection", nil)}
 		}
 		return []error{nil}
 	})

@@ -1,0 +1,253 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Run relays messages until ctx ends, then shuts down gracefully: it claims
+// nothing more, waits up to Config.ShutdownTimeout for the confirms of the
+// batch in flight, marks what was confirmed and releases the rest so that
+// another relay can take it at once. It returns nil after such a shutdown.
+//
+// Failures of the database or the broker do not stop Run: it logs them and
+// tries again after a jittered backoff. Failures that will not go away by
+// themselves (wrong credentials, a missing database, vhost or table, no
+// permission) are retried too, since an operator may fix them while the
+// relay runs, but logged at error level as permanent. Run returns an error
+// when it is already running, when its publisher was closed
+// (ErrPublisherClosed) and when the store has no pool (outbox.ErrNoPool):
+// those cannot change while it runs.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("relay: Run called while the relay is already running")
+	}
+	defer r.running.Store(false)
+	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
+
+	// Purging runs beside the loop: deleting millions of old rows must not
+	// hold up publishing.
+	var purges sync.WaitGroup
+	purgeCtx, stopPurging := context.WithCancel(ctx)
+	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
+		purges.Add(1)
+		go func() {
+			defer purges.Done()
+			r.purgeLoop(purgeCtx)
+		}()
+	}
+	defer purges.Wait()
+	defer stopPurging()
+
+	// Writers in this process wake the relay through the store.
+	var local <-chan struct{}
+	if sub, ok := r.store.(Subscriber); ok {
+		ch, cancel := sub.Subscribe()
+		defer cancel()
+		local = ch
+	}
+
+	// MaxInFlight lanes claim, publish and settle side by side: one
+	// lane's claim and publish overlap another's confirms and marks. The
+	// first lane polls and follows wake-ups; the others join only while
+	// claims come back full, so that a relay that keeps up with its writers
+	// makes one claim at a time (on two cores, concurrent claims and marks
+	// slowed each other down).
+	laneCtx, stopLanes := context.WithCancel(ctx)
+	defer stopLanes()
+	var (
+		lanes    sync.WaitGroup
+		fatalErr error
+		once     sync.Once
+	)
+	r.backlog = make(chan struct{}, r.cfg.MaxInFlight)
+	for i := range r.cfg.MaxInFlight {
+		lanes.Add(1)
+		go func() {
+			defer lanes.Done()
+			lane := r.lane
+			if i > 0 {
+				lane = r.extraLane
+			}
+			if err := lane(laneCtx, local); err != nil {
+				once.Do(func() { fatalErr = err })
+				stopLanes()
+			}
+		}()
+	}
+	lanes.Wait()
+	if fatalErr != nil {
+		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", fatalErr.Error()))
+		return fatalErr
+	}
+	r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
+	return nil
+}
+
+// lane claims, publishes and settles until ctx ends, and returns the
+// error that ends the relay, if one did.
+func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
+	var failures, idle, burst int
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		res, err := r.runOnce(ctx)
+		r.recordHealth(res, err)
+		var wait time.Duration
+		switch {
+		case fatal(err):
+			return err
+		case ctx.Err() != nil:
+			continue
+		case err != nil:
+			failures++
+			wait = r.backoff(failures)
+			if hint := permanent(err); hint != "" {
+				r.logger.ErrorContext(ctx, "relay: Claiming failed with a permanent error; retrying until it is fixed",
+					slog.String("error", err.Error()), slog.String("hint", hint), slog.Bool("permanent", true), slog.Duration("retry_in", wait))
+			} else {
+				r.logger.ErrorContext(ctx, "relay: Claiming failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+			}
+		case res.brokerFaults > 0:
+			failures++
+			wait = r.backoff(failures)
+			if hint := permanent(res.brokerErr); hint != "" {
+				r.logger.ErrorContext(ctx, "relay: The broker refuses the relay with a permanent error; messages released, retrying until it is fixed",
+					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.String("hint", hint),
+					slog.Bool("permanent", true), slog.Duration("retry_in", wait))
+			} else {
+				r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
+					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.Duration("retry_in", wait))
+			}
+		case res.claimed > 0:
+			failures, idle = 0, 0
+			continue // work found: there may be more, claim again at once
+		case burst > 0:
+			failures = 0
+			burst--
+			wait = r.pollFirst
+		default:
+			failures = 0
+			wait = min(r.cfg.PollInterval, r.pollFirst<<min(idle, 30))
+			idle++
+		}
+		if failures > 0 {
+			r.sleep(ctx, wait) // a backoff is not cut short by new work
+		} else if r.sleep(ctx, wait, r.cfg.Wakeup, local) {
+			// Woken, maybe before the writer's commit: poll closely for a
+			// few milliseconds before the waits grow again.
+			idle, burst = 0, wakeBurst
+		}
+	}
+}
+
+// signalBacklog asks an idle extra lane to claim the next batch while this
+// one is published, when a claim came back full.
+func (r *Relay) signalBacklog(claimed int) {
+	if claimed == r.cfg.BatchSize {
+		select {
+		case r.backlog <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// extraLane claims, publishes and settles while claims come back full,
+// and waits for a backlog otherwise.
+func (r *Relay) extraLane(ctx context.Context, _ <-chan struct{}) error {
+	var failures int
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.backlog:
+		}
+		for ctx.Err() == nil {
+			res, err := r.runOnce(ctx)
+			if fatal(err) {
+				return err
+			}
+			if err != nil || res.brokerFaults > 0 {
+				// The first lane logs and reports it; this one backs off.
+				failures++
+				r.sleep(ctx, r.backoff(failures))
+				break
+			}
+			failures = 0
+			if res.claimed < r.cfg.BatchSize {
+				break
+			}
+		}
+	}
+}
+
+// sleep waits for d, the end of ctx or a wake-up, whichever comes first,
+// and reports whether a wake-up ended it.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeups ...<-chan struct{}) bool {
+	wakeable := false
+	for _, w := range wakeups {
+		wakeable = wakeable || w != nil
+	}
+	if r.sleepHook != nil { // tests
+		r.sleepHook(d, wakeable)
+		return false
+	}
+	var w1, w2 <-chan struct{}
+	if len(wakeups) > 0 {
+		w1 = wakeups[0]
+	}
+	if len(wakeups) > 1 {
+		w2 = wakeups[1]
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	case <-w1:
+		return true
+	case <-w2:
+		return true
+	}
+	return false
+}
+
+// sequencer lets the lanes settle in the order their batches were claimed.
+type sequencer struct {
+	mu         sync.Mutex
+	cond       *sync.Cond
+	next, done uint64
+}
+
+// take numbers the next claim; the caller holds the claim lock.
+func (s *sequencer) take() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	return s.next
+}
+
+// wait returns once every batch claimed before seq has settled.
+func (s *sequencer) wait(seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cond == nil {
+		s.cond = sync.NewCond(&s.mu)
+	}
+	for s.done < seq-1 {
+		s.cond.Wait()
+	}
+}
+
+// finish records that batch seq has settled, after those before it.
+func (s *sequencer) finish(seq uint64) {
+	s.wait(seq)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = seq
+	s.cond.Broadcast()
+}
