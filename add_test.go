@@ -216,3 +216,32 @@ func TestAddWakesSubscribers(t *testing.T) {
 	default:
 	}
 }
+
+// Issue 10, item 3: the gauges count up to a limit, from partial indexes.
+func TestGauges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, &outbox.StoreConfig{MaxAttempts: 1})
+	g, err := b.store.Gauges(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Gauges{Limit: outbox.GaugesLimitDefault}, g)
+
+	b.addCommitted(t, events(5)...)
+	msgs, err := b.store.Claim(ctx, 2, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[0]))
+	require.NoError(t, b.store.MarkFailed(ctx, msgs[1], "parked"))
+	_, err = b.db.Exec(`UPDATE "` + b.table + `" SET created_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+
+	g, err = b.store.Gauges(ctx, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, g.Pending)
+	require.EqualValues(t, 1, g.Parked)
+	require.InDelta(t, time.Hour.Seconds(), g.OldestPendingAge.Seconds(), 60)
+
+	g, err = b.store.Gauges(ctx, 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, g.Pending, "the count stops at the limit")
+	require.EqualValues(t, 2, g.Limit)
+}

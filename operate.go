@@ -203,3 +203,44 @@ func (s *Store) Purgeable(ctx context.Context, olderThan time.Duration) (int64, 
 	}
 	return n, nil
 }
+
+// GaugesLimitDefault bounds the counts of Store.Gauges.
+const GaugesLimitDefault = 100_000
+
+// Gauges is a snapshot of an outbox table cheap enough to take on every
+// metrics scrape, however large the table: each figure is read from a
+// partial index, and the counts stop at a limit.
+type Gauges struct {
+	// Pending counts messages waiting to be published (claimed ones and
+	// those backing off included, parked ones not), up to the limit.
+	Pending int64
+	// Parked counts parked messages, up to the limit.
+	Parked int64
+	// Limit is the limit the counts stop at: a count equal to it means
+	// "at least".
+	Limit int64
+	// OldestPendingAge is how long the oldest pending message has been
+	// waiting, by the database clock; zero when none is.
+	OldestPendingAge time.Duration
+}
+
+// Gauges returns the table's pending and parked counts, each stopping at
+// limit (GaugesLimitDefault when limit < 1), and the age of the oldest
+// pending message. It reads only the claim and parked partial indexes,
+// never the published rows.
+func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
+	db, err := s.pool()
+	if err != nil {
+		return Gauges{}, err
+	}
+	if limit < 1 {
+		limit = GaugesLimitDefault
+	}
+	g := Gauges{Limit: limit}
+	var oldest float64
+	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Pending, &g.Parked, &oldest); err != nil {
+		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
+	}
+	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
+	return g, nil
+}

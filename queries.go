@@ -7,7 +7,7 @@ import "strings"
 type queries struct {
 	claim, markPublished, release, markFailed string
 	pending, stats, parked, retry, retryAll   string
-	purge, purgeable                          string
+	purge, purgeable, gauges                  string
 }
 
 const messageColumns = `o.id, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
@@ -101,6 +101,15 @@ WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL AND published_at IS NULL`),
 		retryAll: r.Replace(`UPDATE {table}
 SET parked_at = NULL, attempts = 0, available_at = now()
 WHERE parked_at IS NOT NULL AND published_at IS NULL`),
+
+		// Each part is answered by a partial index: the claim index
+		// (unpublished, unparked rows, by id: the oldest first) and the
+		// parked index. The counts stop at $1.
+		gauges: r.Replace(`SELECT
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) AS p),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL LIMIT $1) AS k),
+	coalesce(extract(epoch FROM now() - (
+		SELECT created_at FROM {table} WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1))::float8, 0)`),
 
 		purgeable: r.Replace(`SELECT count(*) FROM {table}
 WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),

@@ -7,6 +7,7 @@ import (
 	"os"
 	rtdebug "runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/pgwake"
@@ -47,6 +48,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY (needs `outbox schema --notify`) instead of waiting for the next poll")
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
+	metricsAddr := c.fs.String("metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. :9464 (default: none)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -107,7 +109,19 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 			return err
 		}
 	}
-	r, err := relay.New(store, pub, cfg)
+	var r *relay.Relay
+	if *metricsAddr != "" {
+		// Ready: the last round went through, and the last claim is
+		// recent (the idle relay claims every --poll-interval).
+		within := max(10**poll, 10*time.Second)
+		m, err := startMetrics(*metricsAddr, store, c.cli, logger, func() (relay.Health, time.Duration) { return r.Health(), within })
+		if err != nil {
+			return err
+		}
+		defer m.close()
+		cfg.Observer = m.obs
+	}
+	r, err = relay.New(store, pub, cfg)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/outboxotel"
+	"github.com/acemq/outbox/relay"
+)
+
+// metricsServer serves /metrics (OpenTelemetry's Prometheus exporter),
+// /healthz and /readyz for one relay.
+type metricsServer struct {
+	srv *http.Server
+	obs *outboxotel.Observer
+	mp  *sdkmetric.MeterProvider
+}
+
+// startMetrics listens on addr at once, so that a busy port fails the
+// command before the relay starts, and returns the relay's observer.
+func startMetrics(addr string, store *outbox.Store, x *cli, logger *slog.Logger, health func() (relay.Health, time.Duration)) (*metricsServer, error) {
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return nil, err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp, Store: store})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		h, within := health()
+		switch {
+		case h.Err != nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			kind := "failing"
+			if h.Permanent {
+				kind = "failing permanently"
+			}
+			fmt.Fprintf(w, "not ready: %s: %s\n", kind, x.secrets.scrub(h.Err.Error()))
+		case h.LastClaim.IsZero():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready: no claim yet")
+		case time.Since(h.LastClaim) > within:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: last claim %s ago\n", time.Since(h.LastClaim).Round(time.Millisecond))
+		default:
+			fmt.Fprintf(w, "ready: last claim %s ago\n", time.Since(h.LastClaim).Round(time.Millisecond))
+		}
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = obs.Close()
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	m := &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, obs: obs, mp: mp}
+	go func() {
+		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("relay: Metrics server stopped", slog.String("error", err.Error()))
+		}
+	}()
+	logger.Info("relay: Serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
+	return m, nil
+}
+
+func (m *metricsServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = m.srv.Shutdown(ctx)
+	_ = m.obs.Close()
+	_ = m.mp.Shutdown(ctx)
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url) //nolint:gosec // the test's own server
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// Issue 10, item 4: `outbox relay --metrics-addr` serves the metrics in
+// Prometheus' text format, /healthz and /readyz; scraped from the built
+// binary.
+func TestRelayMetricsEndpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := filepath.Join(t.TempDir(), "outbox")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	conn := amqptest.Conn(t)
+	top := amqptest.Declare(t, conn)
+	consumer := amqptest.Consume(t, conn, top.Queue)
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "order.placed"}, outbox.Event{Type: "order.placed"}))
+	require.NoError(t, tx.Commit())
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	var stderr dbtest.Buffer
+	cmd := exec.Command(bin, "relay", "--table", table, "--metrics-addr", addr)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	require.Eventually(t, func() bool { return consumer.Distinct() == 2 }, 30*time.Second, 10*time.Millisecond)
+	code, body := get(t, "http://"+addr+"/healthz")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Eventually(t, func() bool { code, _ := get(t, "http://"+addr+"/readyz"); return code == http.StatusOK }, 10*time.Second, 10*time.Millisecond)
+
+	code, metrics := get(t, "http://"+addr+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	for _, name := range []string{
+		"messaging_client_sent_messages_total", "messaging_client_operation_duration_seconds_bucket",
+		"outbox_lag_seconds_bucket", "outbox_messages_claimed_total", "outbox_claim_duration_seconds_count",
+		"outbox_settle_duration_seconds_count", "outbox_pending", "outbox_parked", "outbox_oldest_pending_age_seconds",
+	} {
+		require.Contains(t, metrics, "\n"+name, "metric %s in:\n%s", name, metrics)
+	}
+	require.Contains(t, metrics, `outbox_table="`+table+`"`)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), stderr.String())
+	require.True(t, strings.Contains(stderr.String(), "relay: Serving metrics"), stderr.String())
+}
