@@ -7,6 +7,10 @@
 //	defer obs.Close()
 //	r, err := relay.New(store, pub, &relay.Config{Observer: obs})
 //
+// For traces, Headers carries the writer's trace context into the events,
+// and Tracing wraps the relay's publisher so that each message is
+// published in a span of the writer's trace.
+//
 // Instrument names follow OpenTelemetry's messaging semantic conventions
 // where one exists (messaging.client.sent.messages,
 // messaging.client.operation.duration) and are outbox.* otherwise; every
