@@ -57,6 +57,11 @@ type Config struct {
 
 	// System is the messaging.system attribute. Defaults to "rabbitmq".
 	System string
+
+	// Ready, when set, adds the gauge outbox.relay.ready: 1 while it
+	// returns true, 0 otherwise. `outbox relay --metrics-addr` sets it to
+	// what /readyz answers.
+	Ready func() bool
 }
 
 // Observer is a relay.Observer that records OpenTelemetry metrics. It is
@@ -127,25 +132,37 @@ func NewObserver(cfg *Config) (*Observer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if cfg.Store != nil {
-		if err := o.gauges(m, cfg.Store, cmp.Or(cfg.GaugesLimit, outbox.GaugesLimitDefault)); err != nil {
+	if cfg.Store != nil || cfg.Ready != nil {
+		if err := o.gauges(m, cfg.Store, cmp.Or(cfg.GaugesLimit, outbox.GaugesLimitDefault), cfg.Ready); err != nil {
 			return nil, err
 		}
 	}
 	return o, nil
 }
 
-func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64) error {
+func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, ready func() bool) error {
 	pending, err1 := m.Int64ObservableGauge("outbox.pending", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages waiting to be published (parked ones not included), counted up to a limit (100,000 by default) from the claim index: a value at the limit means at least that many"))
 	parked, err2 := m.Int64ObservableGauge("outbox.parked", metric.WithUnit("{message}"),
 		metric.WithDescription("Parked messages, which need an operator, counted up to a limit (100,000 by default) from the parked index"))
 	oldest, err3 := m.Float64ObservableGauge("outbox.oldest_pending.age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest message waiting to be published, 0 when none is, by the database clock"))
-	if err := errors.Join(err1, err2, err3); err != nil {
+	readyGauge, err4 := m.Int64ObservableGauge("outbox.relay.ready", metric.WithUnit("{relay}"),
+		metric.WithDescription("1 while this relay is ready (its last round went through and its last claim is recent), 0 otherwise: summed, the relays ready"))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return err
 	}
 	reg, err := m.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
+		if ready != nil {
+			v := int64(0)
+			if ready() {
+				v = 1
+			}
+			obs.ObserveInt64(readyGauge, v, o.attrs)
+		}
+		if store == nil {
+			return nil
+		}
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		g, err := store.Gauges(ctx, limit)
@@ -157,7 +174,7 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64) erro
 		obs.ObserveInt64(parked, g.Parked, attrs)
 		obs.ObserveFloat64(oldest, g.OldestPendingAge.Seconds(), attrs)
 		return nil
-	}, pending, parked, oldest)
+	}, pending, parked, oldest, readyGauge)
 	o.reg = reg
 	return err
 }

@@ -36,7 +36,24 @@ func startMetrics(addr string, store *outbox.Store, x *cli, logger *slog.Logger,
 		return nil, err
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp, Store: store})
+	ready := func() (bool, int, string) {
+		h, within := health()
+		switch {
+		case h.Err != nil:
+			kind := "failing"
+			if h.Permanent {
+				kind = "failing permanently"
+			}
+			return false, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %s: %s", kind, x.secrets.scrub(h.Err.Error()))
+		case h.LastClaim.IsZero():
+			return false, http.StatusServiceUnavailable, "not ready: no claim yet"
+		case time.Since(h.LastClaim) > within:
+			return false, http.StatusServiceUnavailable, fmt.Sprintf("not ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
+		}
+		return true, http.StatusOK, fmt.Sprintf("ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
+	}
+	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp, Store: store,
+		Ready: func() bool { ok, _, _ := ready(); return ok }})
 	if err != nil {
 		return nil, err
 	}
@@ -46,24 +63,9 @@ func startMetrics(addr string, store *outbox.Store, x *cli, logger *slog.Logger,
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		h, within := health()
-		switch {
-		case h.Err != nil:
-			w.WriteHeader(http.StatusServiceUnavailable)
-			kind := "failing"
-			if h.Permanent {
-				kind = "failing permanently"
-			}
-			fmt.Fprintf(w, "not ready: %s: %s\n", kind, x.secrets.scrub(h.Err.Error()))
-		case h.LastClaim.IsZero():
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "not ready: no claim yet")
-		case time.Since(h.LastClaim) > within:
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: last claim %s ago\n", time.Since(h.LastClaim).Round(time.Millisecond))
-		default:
-			fmt.Fprintf(w, "ready: last claim %s ago\n", time.Since(h.LastClaim).Round(time.Millisecond))
-		}
+		_, code, text := ready()
+		w.WriteHeader(code)
+		fmt.Fprintln(w, text)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	rtdebug "runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/acemq/outbox"
@@ -109,22 +110,28 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 			return err
 		}
 	}
-	var r *relay.Relay
+	var running atomic.Pointer[relay.Relay] // read by the metrics server's goroutines
 	if *metricsAddr != "" {
 		// Ready: the last round went through, and the last claim is
 		// recent (the idle relay claims every --poll-interval).
 		within := max(10**poll, 10*time.Second)
-		m, err := startMetrics(*metricsAddr, store, c.cli, logger, func() (relay.Health, time.Duration) { return r.Health(), within })
+		m, err := startMetrics(*metricsAddr, store, c.cli, logger, func() (relay.Health, time.Duration) {
+			if r := running.Load(); r != nil {
+				return r.Health(), within
+			}
+			return relay.Health{}, within
+		})
 		if err != nil {
 			return err
 		}
 		defer m.close()
 		cfg.Observer = m.obs
 	}
-	r, err = relay.New(store, pub, cfg)
+	r, err := relay.New(store, pub, cfg)
 	if err != nil {
 		return err
 	}
+	running.Store(r)
 	if err := r.Run(ctx); err != nil {
 		return err
 	}
