@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,10 +54,22 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
+	cpuProfile := c.fs.String("cpuprofile", "", "write a CPU profile of the bench process (writers, relay and consumer) to this file")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	urls := c.amqpURLs(*amqpURL)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := c.positive(map[string]int64{
 		"messages": int64(o.messages), "batch-size": int64(o.batch), "max-in-flight": int64(o.inFlight), "per-tx": int64(o.perTx), "writers": int64(o.writers),
 		"size": int64(o.size), "prefetch": int64(o.prefetch), "ack-every": int64(o.ackEvery), "runs": int64(o.runs),
@@ -142,6 +156,55 @@ type bencher struct {
 	table           string
 	payload         []byte
 	stderr          io.Writer
+	phases          *phaseObserver // of the last relay run
+}
+
+// phaseObserver records how long the relay's claims, publishes (confirms
+// included) and settles took, to show what bounds a figure.
+type phaseObserver struct {
+	relay.NopObserver
+	mu                     sync.Mutex
+	claim, publish, settle []time.Duration
+	batch                  []float64
+}
+
+func (o *phaseObserver) Claimed(_ context.Context, n int, took time.Duration, err error) {
+	if n > 0 && err == nil {
+		o.mu.Lock()
+		o.claim, o.batch = append(o.claim, took), append(o.batch, float64(n))
+		o.mu.Unlock()
+	}
+}
+
+func (o *phaseObserver) Published(_ context.Context, _ int, took time.Duration) {
+	o.mu.Lock()
+	o.publish = append(o.publish, took)
+	o.mu.Unlock()
+}
+
+func (o *phaseObserver) Settled(_ context.Context, took time.Duration, _ error) {
+	o.mu.Lock()
+	o.settle = append(o.settle, took)
+	o.mu.Unlock()
+}
+
+// String summarises the phases: p50 and p99 of each, the mean batch.
+func (o *phaseObserver) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.claim) == 0 {
+		return "no batches"
+	}
+	p := func(d []time.Duration) string {
+		s := slices.Sorted(slices.Values(d))
+		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", float64(s[len(s)/2].Microseconds())/1000, float64(s[len(s)*99/100].Microseconds())/1000)
+	}
+	var sum float64
+	for _, n := range o.batch {
+		sum += n
+	}
+	return fmt.Sprintf("%d batches of %.1f messages on average; claim %s; publish with confirms %s; settle %s",
+		len(o.batch), sum/float64(len(o.batch)), p(o.claim), p(o.publish), p(o.settle))
 }
 
 // figure is one measurement over several runs.
@@ -169,7 +232,7 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 			return err
 		}
 		broker, relayed = append(broker, limit), append(relayed, rate)
-		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s, relay %.0f msgs/s\n", run, limit, rate)
+		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s, relay %.0f msgs/s; relay: %s\n", run, limit, rate, b.phases)
 	}
 	fmt.Fprintf(out, "bench: broker alone (amqp091-go, confirms pipelined, window 1000): %s msgs/s\n", broker)
 	fmt.Fprintf(out, "bench: relay, %d messages written first: %s msgs/s = %.2f × the broker alone\n", b.o.messages, relayed, relayed.median()/broker.median())
@@ -290,7 +353,8 @@ func (b *bencher) startRelay(ctx context.Context) (func() relay.Stats, error) {
 	if b.o.noWake {
 		store = struct{ relay.Store }{b.store} // hides Store.Subscribe
 	}
-	r, err := relay.New(store, pub, &relay.Config{BatchSize: b.o.batch, MaxInFlight: b.o.inFlight, Logger: logger})
+	b.phases = &phaseObserver{}
+	r, err := relay.New(store, pub, &relay.Config{Observer: b.phases, BatchSize: b.o.batch, MaxInFlight: b.o.inFlight, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +437,7 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		for i, p := range pcts {
 			figures[i] = append(figures[i], float64(lat[int(p*float64(len(lat)-1))].Microseconds())/1000)
 		}
-		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms\n", run, figures[0][run-1], figures[2][run-1])
+		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms; relay: %s\n", run, figures[0][run-1], figures[2][run-1], b.phases)
 	}
 	ms := func(f figure) string {
 		s := slices.Sorted(slices.Values(f))
