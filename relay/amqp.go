@@ -221,6 +221,35 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	return errs
 }
 
+// Check connects to the broker if no connection is open and reports
+// whether one is: for readiness checks, so that an idle relay whose broker
+// is unreachable does not pass for ready. It uses a free connection of the
+// publisher, or opens one.
+func (p *AMQPPublisher) Check(ctx context.Context) error {
+	if p == nil || p.closed.Load() {
+		return ErrPublisherClosed
+	}
+	p.lanesMu.Lock()
+	lanes := p.lanes
+	p.lanesMu.Unlock()
+	for _, l := range lanes {
+		if !l.mu.TryLock() {
+			return nil // publishing: its outcome, not a check, tells
+		}
+		connected := l.conn != nil && !l.conn.IsClosed()
+		l.mu.Unlock()
+		if connected {
+			return nil
+		}
+	}
+	l := p.lane() // no open connection: open one, as the next Publish would
+	defer l.mu.Unlock()
+	if err := l.ensureChannel(ctx); err != nil {
+		return fmt.Errorf("relay: broker unreachable: %w", err)
+	}
+	return nil
+}
+
 // Concurrent reports that Publish may be called concurrently.
 func (p *AMQPPublisher) Concurrent() bool { return true }
 

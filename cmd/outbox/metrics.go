@@ -29,7 +29,7 @@ type metricsServer struct {
 
 // startMetrics listens on addr at once, so that a busy port fails the
 // command before the relay starts, and returns the relay's observer.
-func startMetrics(addr string, store *outbox.Store, x *cli, logger *slog.Logger, health func() (relay.Health, time.Duration)) (*metricsServer, error) {
+func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() (relay.Health, time.Duration)) (*metricsServer, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
@@ -49,6 +49,12 @@ func startMetrics(addr string, store *outbox.Store, x *cli, logger *slog.Logger,
 			return false, http.StatusServiceUnavailable, "not ready: no claim yet"
 		case time.Since(h.LastClaim) > within:
 			return false, http.StatusServiceUnavailable, fmt.Sprintf("not ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
+		}
+		// An idle relay publishes nothing: check that the broker answers.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := pub.Check(ctx); err != nil {
+			return false, http.StatusServiceUnavailable, "not ready: " + x.secrets.scrub(err.Error())
 		}
 		return true, http.StatusOK, fmt.Sprintf("ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
 	}

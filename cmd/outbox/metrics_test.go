@@ -86,4 +86,16 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), stderr.String())
 	require.True(t, strings.Contains(stderr.String(), "relay: Serving metrics"), stderr.String())
+
+	// An idle relay whose broker does not answer is not ready.
+	down := exec.Command(bin, "relay", "--table", table, "--metrics-addr", addr)
+	down.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL=amqp://guest:guest@127.0.0.1:1/")
+	require.NoError(t, down.Start())
+	t.Cleanup(func() { _ = down.Process.Kill() })
+	require.Eventually(t, func() bool {
+		code, body := get(t, "http://"+addr+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "broker unreachable")
+	}, 10*time.Second, 20*time.Millisecond)
+	require.NoError(t, down.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, down.Wait())
 }

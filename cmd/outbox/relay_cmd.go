@@ -115,7 +115,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		// Ready: the last round went through, and the last claim is
 		// recent (the idle relay claims every --poll-interval).
 		within := max(10**poll, 10*time.Second)
-		m, err := startMetrics(*metricsAddr, store, c.cli, logger, func() (relay.Health, time.Duration) {
+		m, err := startMetrics(*metricsAddr, store, pub, c.cli, logger, func() (relay.Health, time.Duration) {
 			if r := running.Load(); r != nil {
 				return r.Health(), within
 			}
