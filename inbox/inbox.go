@@ -24,8 +24,10 @@
 // delivery is dead-lettered (nack without requeue, so that a dead-letter
 // exchange gets it) and recorded with its error.
 //
-// This package uses database/sql and amqp091-go only; the consumer loop,
-// ORM conveniences and purging are to come (see the project's issue 12).
+// Inbox.Consumer runs the loop around Handle: prefetch, manual acks,
+// reconnection after a connection loss, graceful shutdown. This package
+// uses database/sql and amqp091-go only; ORM conveniences and purging are
+// to come (see the project's issue 12).
 package inbox
 
 import (

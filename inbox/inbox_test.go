@@ -52,7 +52,7 @@ func setup(t *testing.T, maxAttempts int) *world {
 		_, _ = w.ch.QueueDelete(w.queue, false, false, false)
 		_, _ = w.ch.QueueDelete(w.dlq, false, false, false)
 	})
-	w.deliveries, err = w.ch.Consume(w.queue, "", false, false, false, false, nil)
+	w.deliveries, err = w.ch.Consume(w.queue, testConsumerTag, false, false, false, false, nil)
 	require.NoError(t, err)
 	return w
 }
@@ -201,3 +201,6 @@ func TestConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(ddl, `CREATE TABLE IF NOT EXISTS "billing"."inbox"`), ddl)
 }
+
+// testConsumerTag names the test's own consumer, so a test can cancel it.
+const testConsumerTag = "inbox-test"

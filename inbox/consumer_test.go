@@ -1,0 +1,59 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox/inbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// Issue 12, item 3: the broker closes the consumer's connection twice
+// mid-stream; the consumer reconnects, and with 100 duplicates mixed in,
+// every message's effect is applied exactly once.
+func TestConsumerSurvivesClosedConnectionsExactlyOnce(t *testing.T) {
+	t.Parallel()
+	const n = 400
+	w := setup(t, 0)
+	require.NoError(t, w.ch.Cancel(testConsumerTag, false)) // the Consumer below consumes instead
+	name := amqptest.Name(t, "consumer")
+	slow := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		time.Sleep(2 * time.Millisecond) // long enough for the closes to land mid-stream
+		return w.effect(ctx, tx, d)
+	}
+	c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: slow, URLs: []string{amqptest.URL()},
+		ConnectionName: name, Prefetch: 20, BackoffMax: 200 * time.Millisecond, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	for i := range n {
+		w.publish(t, fmt.Sprint("m-", i))
+		if i%4 == 0 {
+			w.publish(t, fmt.Sprint("m-", i)) // a duplicate, as a relay may send
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+
+	for _, at := range []int64{n / 4, n / 2} {
+		require.Eventually(t, func() bool { return w.effects(t) >= at }, 30*time.Second, time.Millisecond)
+		require.Equal(t, 1, amqptest.CloseNamedConnections(t, name))
+	}
+	require.Eventually(t, func() bool { return w.effects(t) == n && w.queued(t, w.queue) == 0 }, time.Minute, 20*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	require.EqualValues(t, n, dbtest.Count(t, w.db, `SELECT count(DISTINCT message_id) FROM "`+w.table+`_effects"`), "every message applied")
+	require.EqualValues(t, n, w.effects(t), "and none twice")
+	st := c.Stats()
+	require.EqualValues(t, n, st.Handled)
+	require.GreaterOrEqual(t, st.Duplicates, int64(n/4), "the duplicates, and redeliveries of what was committed but not acked")
+	require.GreaterOrEqual(t, st.Reconnects, int64(2))
+	t.Logf("stats %+v", st)
+}
