@@ -57,3 +57,38 @@ func TestConsumerSurvivesClosedConnectionsExactlyOnce(t *testing.T) {
 	require.GreaterOrEqual(t, st.Reconnects, int64(2))
 	t.Logf("stats %+v", st)
 }
+
+// Issue 12: two consumers (two processes of one service) on one queue,
+// sharing one inbox table, with duplicates spread over both: every effect
+// exactly once.
+func TestTwoConsumersOnOneQueueExactlyOnce(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	w := setup(t, 0)
+	require.NoError(t, w.ch.Cancel(testConsumerTag, false))
+	for i := range n {
+		w.publish(t, fmt.Sprint("m-", i))
+		w.publish(t, fmt.Sprint("m-", i)) // every message twice: the copies often go to different consumers
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	var consumers []*inbox.Consumer
+	for range 2 {
+		ib, err := inbox.New(w.db, &inbox.Config{Consumer: "billing", Table: w.table, Logger: dbtest.Logger(t)})
+		require.NoError(t, err)
+		c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: w.effect, URLs: []string{amqptest.URL()}, Prefetch: 10})
+		require.NoError(t, err)
+		consumers = append(consumers, c)
+		go func() { done <- c.Run(ctx) }()
+	}
+	require.Eventually(t, func() bool { return w.effects(t) == n && w.queued(t, w.queue) == 0 }, time.Minute, 20*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+	require.EqualValues(t, n, dbtest.Count(t, w.db, `SELECT count(DISTINCT message_id) FROM "`+w.table+`_effects"`))
+	a, b := consumers[0].Stats(), consumers[1].Stats()
+	require.EqualValues(t, n, a.Handled+b.Handled)
+	require.EqualValues(t, n, a.Duplicates+b.Duplicates)
+	require.Positive(t, a.Handled)
+	require.Positive(t, b.Handled, "both consumers took part")
+}

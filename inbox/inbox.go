@@ -89,7 +89,7 @@ type Inbox struct {
 	consumer    string
 	maxAttempts int
 	logger      *slog.Logger
-	q           struct{ claim, handled, failed, dead string }
+	q           struct{ claim, retry, failed, dead, purge string }
 }
 
 // Handler applies a message's effect through tx, the inbox's transaction:
@@ -161,18 +161,27 @@ func New(db *sql.DB, cfg *Config) (*Inbox, error) {
 	ib := &Inbox{db: db, table: quoted, name: name, consumer: cfg.Consumer,
 		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault), logger: cmp.Or(cfg.Logger, slog.Default())}
 	r := strings.NewReplacer("{table}", quoted)
-	// One statement takes the message's row, creating it if it is new, and
-	// locks it for the transaction: a concurrent delivery of the same id
-	// waits here until this one commits or rolls back.
-	ib.q.claim = r.Replace(`INSERT INTO {table} (consumer, message_id) VALUES ($1, $2)
+	// One statement takes the message's row and locks it for the
+	// transaction: a concurrent delivery of the same id waits here until
+	// this one commits or rolls back. A new row is inserted already marked
+	// handled (xmax = 0 tells an inserted row from an updated one): the
+	// mark commits only with the handler's effect, and a handler error
+	// rolls both back. An existing row is returned as it is.
+	ib.q.claim = r.Replace(`INSERT INTO {table} (consumer, message_id, handled_at) VALUES ($1, $2, now())
 ON CONFLICT (consumer, message_id) DO UPDATE SET consumer = EXCLUDED.consumer
-RETURNING handled_at IS NOT NULL, dead_at IS NOT NULL`)
-	ib.q.handled = r.Replace(`UPDATE {table} SET handled_at = now() WHERE consumer = $1 AND message_id = $2`)
+RETURNING xmax = 0, handled_at IS NOT NULL, dead_at IS NOT NULL`)
+	ib.q.retry = r.Replace(`UPDATE {table} SET handled_at = now() WHERE consumer = $1 AND message_id = $2`)
 	// Failures are counted outside the rolled back transaction.
 	ib.q.failed = r.Replace(`INSERT INTO {table} AS i (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3)
 ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = i.attempts + 1, last_error = $3
 RETURNING attempts`)
 	ib.q.dead = r.Replace(`UPDATE {table} SET dead_at = now() WHERE consumer = $1 AND message_id = $2`)
+	ib.q.purge = r.Replace(`DELETE FROM {table} WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM {table}
+	WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microsecond'
+	  AND (handled_at IS NOT NULL OR dead_at IS NOT NULL)
+	ORDER BY received_at
+	LIMIT $3)`)
 	return ib, nil
 }
 
@@ -239,27 +248,27 @@ func (ib *Inbox) Handle(ctx context.Context, d *amqp.Delivery, h Handler) (Outco
 		return 0, ib.requeue(d, fmt.Errorf("inbox: beginning a transaction: %w", err))
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	var handled, dead bool
-	if err := tx.QueryRowContext(ctx, ib.q.claim, ib.consumer, d.MessageId).Scan(&handled, &dead); err != nil {
+	var inserted, handled, dead bool
+	if err := tx.QueryRowContext(ctx, ib.q.claim, ib.consumer, d.MessageId).Scan(&inserted, &handled, &dead); err != nil {
 		return 0, ib.requeue(d, fmt.Errorf("inbox: recording message %s in %s: %w", d.MessageId, ib.name, err))
 	}
 	switch {
+	case inserted: // new: go on
 	case handled:
-		if err := tx.Commit(); err != nil {
-			return 0, ib.requeue(d, fmt.Errorf("inbox: %w", err))
-		}
+		_ = tx.Rollback() // nothing to keep
 		return Duplicate, d.Ack(false)
 	case dead:
 		_ = tx.Rollback()
 		return DeadLettered, d.Nack(false, false)
+	default: // earlier deliveries failed: try again, marked with this one
+		if _, err := tx.ExecContext(ctx, ib.q.retry, ib.consumer, d.MessageId); err != nil {
+			return 0, ib.requeue(d, fmt.Errorf("inbox: recording message %s in %s: %w", d.MessageId, ib.name, err))
+		}
 	}
 
 	if herr := h(ctx, tx, d); herr != nil {
 		_ = tx.Rollback()
 		return ib.failed(ctx, d, herr)
-	}
-	if _, err := tx.ExecContext(ctx, ib.q.handled, ib.consumer, d.MessageId); err != nil {
-		return 0, ib.requeue(d, fmt.Errorf("inbox: marking message %s handled: %w", d.MessageId, err))
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, ib.requeue(d, fmt.Errorf("inbox: committing message %s: %w", d.MessageId, err))
@@ -297,4 +306,31 @@ func (ib *Inbox) failed(ctx context.Context, d *amqp.Delivery, herr error) (Outc
 // database, and returns err with the broker's error, if any.
 func (ib *Inbox) requeue(d *amqp.Delivery, err error) error {
 	return errors.Join(err, d.Nack(false, true))
+}
+
+// PurgeBatchSize is how many rows one statement of Purge deletes.
+const PurgeBatchSize = 5000
+
+// Purge deletes the consumer's records of messages handled or dead-lettered
+// more than olderThan ago, in batches of PurgeBatchSize, and returns how
+// many it deleted. A message redelivered after its record is purged would
+// be handled again: keep records longer than the broker may redeliver and
+// the outbox relay may publish twice (its lease, plus the longest outage
+// you ride out). Records of messages still failing are kept.
+func (ib *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("inbox: Purge: age must not be negative (got %s)", olderThan)
+	}
+	var total int64
+	for {
+		res, err := ib.db.ExecContext(ctx, ib.q.purge, ib.consumer, olderThan.Microseconds(), PurgeBatchSize)
+		if err != nil {
+			return total, fmt.Errorf("inbox: purging %s: %w", ib.name, err)
+		}
+		n, err := res.RowsAffected()
+		total += n
+		if err != nil || n < PurgeBatchSize {
+			return total, err
+		}
+	}
 }

@@ -204,3 +204,49 @@ func TestConfig(t *testing.T) {
 
 // testConsumerTag names the test's own consumer, so a test can cancel it.
 const testConsumerTag = "inbox-test"
+
+// Issue 12, item 5: purging keeps what is recent, still failing, or
+// another consumer's.
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t, 5)
+	other, err := inbox.New(w.db, &inbox.Config{Consumer: "shipping", Table: w.table})
+	require.NoError(t, err)
+	_, err = w.db.Exec(`INSERT INTO "` + w.table + `" (consumer, message_id, received_at, handled_at, attempts, dead_at) VALUES
+		('billing', 'old-handled', now() - interval '10 days', now(), 0, NULL),
+		('billing', 'old-dead', now() - interval '10 days', NULL, 5, now()),
+		('billing', 'old-failing', now() - interval '10 days', NULL, 2, NULL),
+		('billing', 'new-handled', now(), now(), 0, NULL),
+		('shipping', 'old-handled', now() - interval '10 days', now(), 0, NULL)`)
+	require.NoError(t, err)
+	n, err := w.ib.Purge(ctx, 7*24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	require.EqualValues(t, 3, dbtest.Count(t, w.db, `SELECT count(*) FROM "`+w.table+`"`))
+	n, err = other.Purge(ctx, 7*24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = w.ib.Purge(ctx, -time.Second)
+	require.Error(t, err)
+}
+
+// Issue 12: two consumers share one inbox table; each deduplicates on its
+// own, so both apply the same message once.
+func TestTwoConsumersShareATable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t, 0)
+	shipping, err := inbox.New(w.db, &inbox.Config{Consumer: "shipping", Table: w.table})
+	require.NoError(t, err)
+	w.publish(t, "shared")
+	w.publish(t, "shared")
+	d1, d2 := w.next(t), w.next(t)
+	o, err := w.ib.Handle(ctx, d1, w.effect)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Handled, o)
+	o, err = shipping.Handle(ctx, d2, w.effect)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Handled, o, "billing's record does not stop shipping")
+	require.EqualValues(t, 2, w.effects(t))
+}
