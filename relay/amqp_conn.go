@@ -23,7 +23,14 @@ func (p *amqpLane) ensureChannel(ctx context.Context) error {
 	if p.ch != nil && !p.ch.IsClosed() {
 		return nil
 	}
-	ch, err := p.conn.Channel()
+	// Opening a channel waits for the broker's answer, with no timeout of
+	// its own: a broker that stopped answering would hold the lane (and,
+	// through the settle order, the relay) forever. When ctx ends, the
+	// connection goes, and the wait with it.
+	conn := p.conn
+	stop := context.AfterFunc(ctx, func() { _ = conn.CloseDeadline(time.Now().Add(closeGrace)) })
+	defer stop()
+	ch, err := conn.Channel()
 	if err != nil {
 		p.discard(true)
 		return fmt.Errorf("opening a channel: %w", err)
@@ -32,6 +39,10 @@ func (p *amqpLane) ensureChannel(ctx context.Context) error {
 		_ = ch.Close()
 		p.discard(true)
 		return fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	if ctx.Err() != nil { // the connection was closed under the open channel
+		p.discard(true)
+		return fmt.Errorf("opening a channel: %w", ctx.Err())
 	}
 	p.ch = ch
 	// Buffered beyond the confirm window, and drained while confirms are
