@@ -29,7 +29,7 @@ bench/smoke: ## every benchmark once, on small inputs (what CI runs)
 
 .PHONY: generate
 generate: ## regenerate migrations/ and the ent code (tests and examples)
-	$(GO) test -run TestMigrationsMatchSchema -update .
+	$(GO) test -run TestMigrationsMatchSchema -update . ./inbox
 	$(GO) generate ./...
 
 .PHONY: demo

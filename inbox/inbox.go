@@ -34,6 +34,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,14 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
+
+// Migrations holds the schema of the default "inbox" table as plain SQL
+// files for golang-migrate and Atlas (NNN_name.up.sql / .down.sql) and,
+// under goose/, for goose; `outbox inbox schema --table NAME` prints the
+// DDL for another name.
+//
+//go:embed migrations
+var Migrations embed.FS
 
 // Defaults of Config.
 const (
@@ -89,7 +98,7 @@ type Inbox struct {
 	consumer    string
 	maxAttempts int
 	logger      *slog.Logger
-	q           struct{ claim, retry, failed, dead, purge string }
+	q           struct{ claim, retry, failed, dead, purge, purgeable string }
 }
 
 // Handler applies a message's effect through tx, the inbox's transaction:
@@ -176,6 +185,9 @@ RETURNING xmax = 0, handled_at IS NOT NULL, dead_at IS NOT NULL`)
 ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = i.attempts + 1, last_error = $3
 RETURNING attempts`)
 	ib.q.dead = r.Replace(`UPDATE {table} SET dead_at = now() WHERE consumer = $1 AND message_id = $2`)
+	ib.q.purgeable = r.Replace(`SELECT count(*) FROM {table}
+WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microsecond'
+  AND (handled_at IS NOT NULL OR dead_at IS NOT NULL)`)
 	ib.q.purge = r.Replace(`DELETE FROM {table} WHERE (consumer, message_id) IN (
 	SELECT consumer, message_id FROM {table}
 	WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microsecond'
@@ -183,6 +195,31 @@ RETURNING attempts`)
 	ORDER BY received_at
 	LIMIT $3)`)
 	return ib, nil
+}
+
+// Table returns the inbox table's name, as configured.
+func (ib *Inbox) Table() string { return ib.name }
+
+// Purgeable counts the records Purge(ctx, olderThan) would delete now.
+func (ib *Inbox) Purgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("inbox: Purgeable: age must not be negative (got %s)", olderThan)
+	}
+	var n int64
+	if err := ib.db.QueryRowContext(ctx, ib.q.purgeable, ib.consumer, olderThan.Microseconds()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("inbox: counting purgeable records in %s: %w", ib.name, err)
+	}
+	return n, nil
+}
+
+// DropSchema returns the DDL that drops an inbox table: the down
+// migration.
+func DropSchema(table string) (string, error) {
+	quoted, err := quoteTable(cmp.Or(table, TableDefault))
+	if err != nil {
+		return "", err
+	}
+	return "DROP TABLE IF EXISTS " + quoted + ";\n", nil
 }
 
 // Schema returns the DDL of an inbox table of the given name.

@@ -26,6 +26,7 @@ Usage:
   outbox purge   --older-than 168h   delete published messages older than that
   outbox schema  [flags]             print the table's DDL (--apply creates it)
   outbox bench   [flags]             measure relay throughput and latency on a scratch table
+  outbox inbox   schema|purge        the consumers' inbox table (package inbox)
 
 The database comes from --database-url or DATABASE_URL, the broker from
 --amqp-url or AMQP_URL (comma-separated URLs for the nodes of a cluster).
@@ -55,6 +56,7 @@ var commands = map[string]command{
 	"purge":  cmdPurge,
 	"schema": cmdSchema,
 	"bench":  cmdBench,
+	"inbox":  cmdInbox,
 }
 
 // run executes one command and returns the process exit code: 0 success
@@ -193,14 +195,6 @@ func (c *common) positive(vals map[string]int64) error {
 // open connects to the database, with errors that say what to do, and
 // returns a store on the command's table configured by cfg (nil: defaults).
 func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *outbox.Store, error) {
-	if c.databaseURL == "" {
-		return nil, nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app)")
-	}
-	if _, err := pgconn.ParseConfig(c.databaseURL); err != nil {
-		// pgx's own message may quote the string; the output filter
-		// removes the password, this says what is wrong.
-		return nil, nil, fmt.Errorf("the database URL %s is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
-	}
 	if cfg == nil {
 		cfg = &outbox.StoreConfig{}
 	}
@@ -208,15 +202,9 @@ func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *o
 	if _, err := outbox.NewStore(nil, cfg); err != nil { // a bad table name needs no connection
 		return nil, nil, err
 	}
-	db, err := sql.Open("pgx", c.databaseURL)
+	db, err := c.openDB(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("database URL %s: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s\nCheck that the server runs and DATABASE_URL is right", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+		return nil, nil, err
 	}
 	store, err := outbox.NewStore(db, cfg)
 	if err != nil {
@@ -224,6 +212,30 @@ func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *o
 		return nil, nil, err
 	}
 	return db, store, nil
+}
+
+// openDB connects to the database, with errors that say what to do and
+// never show the password.
+func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
+	if c.databaseURL == "" {
+		return nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app)")
+	}
+	if _, err := pgconn.ParseConfig(c.databaseURL); err != nil {
+		// pgx's own message may quote the string; the output filter
+		// removes the password, this says what is wrong.
+		return nil, fmt.Errorf("the database URL %s is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+	}
+	db, err := sql.Open("pgx", c.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL %s: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s\nCheck that the server runs and DATABASE_URL is right", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+	}
+	return db, nil
 }
 
 // explain turns a missing table or column into advice.

@@ -203,11 +203,16 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 		}
 		ddl += "\n" + more
 	}
-	if !*apply {
+	return c.printOrApply(ctx, ddl, *apply)
+}
+
+// printOrApply prints ddl, or runs it in the database when apply is set.
+func (c *common) printOrApply(ctx context.Context, ddl string, apply bool) error {
+	if !apply {
 		_, err := fmt.Fprint(c.stdout, ddl)
 		return err
 	}
-	db, _, err := c.open(ctx, nil)
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func TestNoSecretIsEverPrinted(t *testing.T) {
 	}
 	commands := [][]string{
 		{"relay"}, {"status"}, {"parked"}, {"retry", "--all-parked"}, {"purge", "--older-than", "1h"},
-		{"schema", "--apply"}, {"bench", "--messages", "1"},
+		{"schema", "--apply"}, {"bench", "--messages", "1"}, {"inbox", "purge", "--consumer", "c", "--older-than", "1h"},
 	}
 	var runs int
 	check := func(vars map[string]string, args ...string) {

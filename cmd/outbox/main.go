@@ -8,6 +8,7 @@
 //	outbox purge   --older-than 168h  delete old published messages
 //	outbox schema  [--apply]          print (or create) the table's DDL
 //	outbox bench   [flags]            measure throughput and latency on a scratch table
+//	outbox inbox   schema|purge       the consumers' inbox table (package inbox)
 //
 // The database comes from --database-url or DATABASE_URL, the broker from
 // --amqp-url or AMQP_URL (comma-separated for the nodes of a cluster).
