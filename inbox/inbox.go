@@ -99,6 +99,7 @@ type Inbox struct {
 	maxAttempts int
 	logger      *slog.Logger
 	q           struct{ claim, retry, failed, dead, purge, purgeable string }
+	afterCommit func(*amqp.Delivery) // tests: runs between commit and ack
 }
 
 // Handler applies a message's effect through tx, the inbox's transaction:
@@ -312,6 +313,9 @@ func (ib *Inbox) Handle(ctx context.Context, d *amqp.Delivery, h Handler) (Outco
 	}
 	// Committed: from here a redelivery is a duplicate, so a lost ack
 	// costs nothing but a second look.
+	if ib.afterCommit != nil { // tests: a crash right here
+		ib.afterCommit(d)
+	}
 	return Handled, d.Ack(false)
 }
 
