@@ -17,6 +17,7 @@ func TestExamples(t *testing.T) {
 			out, err := exec.Command("go", "run", "./"+name).CombinedOutput()
 			require.NoError(t, err, "go run ./examples/%s:\n%s", name, out)
 			require.Regexp(t, `(?m)^placed 100 orders \(10 rolled back\): 90 events published, 90 received, 0 lost$`, string(out))
+			require.Regexp(t, `(?m)^consumer \(inbox\): 90 effects applied, 0 of them more than once$`, string(out))
 		})
 	}
 }

@@ -1,17 +1,22 @@
-// Command consumer prints the messages a relay publishes, and shows the
-// consumer's half of at-least-once delivery: it skips a message whose id it
-// has already handled.
+// Command consumer is the consumer's half of the outbox: it applies each
+// message a relay publishes exactly once, through an inbox (package inbox).
 //
 //	go run ./examples/consumer --exchange shop --binding 'order.#'
 //
-// It reads AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/) and
-// consumes from a temporary queue bound to the exchange until interrupted.
-// A real consumer keeps the handled ids in its own database, in the same
-// transaction as the work the message causes.
+// It declares a durable queue (--queue, default "examples.consumer") bound
+// to the exchange, creates an inbox table and an effects table in
+// DATABASE_URL's database, and consumes until interrupted: each message's
+// effect (a row in consumer_effects) commits together with the inbox's
+// record of its id, and only then is the message acked. A message
+// delivered again, by the broker or by a relay that published it twice, is
+// acked without a second effect. It reads AMQP_URL (default
+// amqp://guest:guest@127.0.0.1:5672/) and DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
 package main
 
 import (
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
 	"log"
@@ -19,69 +24,86 @@ import (
 	"os/signal"
 	"syscall"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox/inbox"
 )
 
 func main() {
 	exchange := flag.String("exchange", "", "exchange to bind to (required)")
 	binding := flag.String("binding", "#", "binding key (topic pattern)")
+	queue := flag.String("queue", "examples.consumer", "durable queue to consume")
 	flag.Parse()
 	if *exchange == "" {
 		fmt.Fprintln(os.Stderr, "consumer: --exchange is required")
 		flag.Usage()
 		os.Exit(2)
 	}
-	url := os.Getenv("AMQP_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	amqpURL := env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	dbURL := env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := consume(ctx, url, *exchange, *binding); err != nil {
+	if err := consume(ctx, dbURL, amqpURL, *exchange, *binding, *queue); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func consume(ctx context.Context, url, exchange, binding string) error {
-	conn, err := amqp.Dial(url)
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func consume(ctx context.Context, dbURL, amqpURL, exchange, binding, queue string) error {
+	db, err := sql.Open("pgx", dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ib, err := inbox.New(db, &inbox.Config{Consumer: "examples-consumer"})
+	if err != nil {
+		return err
+	}
+	if err := ib.CreateSchemaIfAbsent(ctx); err != nil { // in production: a migration (inbox/migrations)
+		return fmt.Errorf("creating the inbox table (DATABASE_URL): %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS consumer_effects (message_id text NOT NULL, type text, body bytea)`); err != nil {
+		return err
+	}
+
+	// The queue and its binding; the inbox's consumer does the rest.
+	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return fmt.Errorf("connecting to RabbitMQ (AMQP_URL): %w", err)
 	}
-	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
 	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil) // server-named, exclusive
-	if err != nil {
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 		return err
 	}
-	if err := ch.QueueBind(q.Name, binding, exchange, false, nil); err != nil {
+	if err := ch.QueueBind(queue, binding, exchange, false, nil); err != nil {
 		return fmt.Errorf("binding to exchange %q (does it exist?): %w", exchange, err)
 	}
-	deliveries, err := ch.Consume(q.Name, "", false, true, false, false, nil)
+	conn.Close()
+
+	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		fmt.Printf("%s %s key=%v %s\n", d.MessageId, d.Type, d.Headers["x-event-key"], d.Body)
+		_, err := tx.ExecContext(ctx, `INSERT INTO consumer_effects VALUES ($1, $2, $3)`, d.MessageId, d.Type, d.Body)
+		return err
+	}
+	c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: queue, Handler: effect, URLs: []string{amqpURL}})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("consuming %s (binding %q); Ctrl-C to stop\n", exchange, binding)
-	seen := map[string]bool{} // in memory for the example; keep it durable in a real consumer
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case d, ok := <-deliveries:
-			if !ok {
-				return fmt.Errorf("the broker closed the consumer")
-			}
-			if seen[d.MessageId] {
-				fmt.Printf("duplicate %s skipped\n", d.MessageId)
-			} else {
-				seen[d.MessageId] = true
-				fmt.Printf("%s %s key=%v %s\n", d.MessageId, d.Type, d.Headers["x-event-key"], d.Body)
-			}
-			if err := d.Ack(false); err != nil {
-				return err
-			}
-		}
+	fmt.Printf("consuming %s (binding %q) through queue %s; Ctrl-C to stop\n", exchange, binding, queue)
+	if err := c.Run(ctx); err != nil {
+		return err
 	}
+	st := c.Stats()
+	fmt.Printf("applied %d effects exactly once; %d duplicates acked without a second effect\n", st.Handled, st.Duplicates)
+	return nil
 }

@@ -1,6 +1,7 @@
 // Package demo is the scaffolding the examples share: connections with
 // local defaults, a schema and an exchange of their own that are removed
-// afterwards, an in-process relay and a consumer that counts what arrives.
+// afterwards, an in-process relay and a consumer that applies each event's
+// effect exactly once through an inbox (package inbox).
 // The interesting code is in the examples themselves.
 package demo
 
@@ -21,6 +22,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
 	"github.com/acemq/outbox/relay"
 )
 
@@ -98,7 +100,23 @@ func Start(ctx context.Context, name string) (*Run, error) {
 	if err := ch.QueueBind(q.Name, "#", r.Exchange, false, nil); err != nil {
 		return nil, err
 	}
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	// The consumer applies each event's effect exactly once through an
+	// inbox: its record of handled message ids commits with the effect.
+	ib, err := inbox.New(db, &inbox.Config{Consumer: "demo-billing", Table: r.Schema + ".inbox"})
+	if err != nil {
+		return nil, err
+	}
+	if err := ib.CreateSchemaIfAbsent(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE "`+r.Schema+`".invoices (message_id text NOT NULL, body jsonb)`); err != nil {
+		return nil, err
+	}
+	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO "`+r.Schema+`".invoices VALUES ($1, $2)`, d.MessageId, d.Body)
+		return err
+	}
+	deliveries, err := ch.Consume(q.Name, "", false, true, false, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -110,9 +128,13 @@ func Start(ctx context.Context, name string) (*Run, error) {
 			} else if r.total == 3 {
 				fmt.Println("consumer: ...")
 			}
-			r.received[d.MessageId] = true
 			r.total++
 			r.mu.Unlock()
+			if o, err := ib.Handle(context.Background(), &d, effect); err == nil && (o == inbox.Handled || o == inbox.Duplicate) {
+				r.mu.Lock()
+				r.received[d.MessageId] = true
+				r.mu.Unlock()
+			}
 		}
 	}()
 	return r, nil
@@ -227,6 +249,14 @@ func (r *Run) PlaceOrders(ctx context.Context, n int, stopRelay func(), place fu
 	}
 	if received != committed || published != committed {
 		return fmt.Errorf("expected exactly %d events published and received", committed)
+	}
+	var effects, distinct int
+	if err := r.DB.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT message_id) FROM "`+r.Schema+`".invoices`).Scan(&effects, &distinct); err != nil {
+		return err
+	}
+	fmt.Printf("consumer (inbox): %d effects applied, %d of them more than once\n", effects, effects-distinct)
+	if effects != committed || distinct != committed {
+		return fmt.Errorf("expected %d effects, each applied once", committed)
 	}
 	return nil
 }
