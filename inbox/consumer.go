@@ -49,6 +49,26 @@ type ConsumerConfig struct {
 	// Logger receives connection events and failures. Defaults to the
 	// Inbox's logger.
 	Logger *slog.Logger
+
+	// Observer, when set, sees every delivery's outcome, for metrics.
+	Observer Observer
+
+	// PurgeAfter, when set, makes Run purge the consumer's records older
+	// than this (see Inbox.Purge) every PurgeInterval. Defaults to 0: no
+	// purging.
+	PurgeAfter time.Duration
+
+	// PurgeInterval is how often Run purges when PurgeAfter is set.
+	// Defaults to 1h.
+	PurgeInterval time.Duration
+}
+
+// Observer sees what a Consumer does with each delivery, for metrics. It
+// is called from the consumer's goroutine and must be quick.
+type Observer interface {
+	// Handled reports a delivery's outcome, how long Handle took (the
+	// handler, the commit and the ack), and its error, if any.
+	Handled(ctx context.Context, d *amqp.Delivery, outcome Outcome, took time.Duration, err error)
 }
 
 // Consumer consumes a queue through an Inbox: every delivery goes through
@@ -60,12 +80,12 @@ type Consumer struct {
 	ib    *Inbox
 	cfg   ConsumerConfig
 	log   *slog.Logger
-	stats struct{ handled, duplicates, retried, dead, refused, reconnects atomic.Int64 }
+	stats struct{ handled, duplicates, retried, dead, refused, reconnects, purged atomic.Int64 }
 }
 
 // ConsumerStats are a consumer's running totals.
 type ConsumerStats struct {
-	Handled, Duplicates, Retried, DeadLettered, Refused, Reconnects int64
+	Handled, Duplicates, Retried, DeadLettered, Refused, Reconnects, Purged int64
 }
 
 // Consumer returns a consumer of cfg.Queue through the inbox.
@@ -85,9 +105,10 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 			return nil, fmt.Errorf("inbox: AMQP URL #%d is not a valid amqp:// or amqps:// URL", i+1) // never the URL: it may hold a password
 		}
 	}
-	if c.Prefetch < 0 || c.BackoffMax < 0 {
-		return nil, errors.New("inbox: ConsumerConfig.Prefetch and BackoffMax must not be negative")
+	if c.Prefetch < 0 || c.BackoffMax < 0 || c.PurgeAfter < 0 || c.PurgeInterval < 0 {
+		return nil, errors.New("inbox: ConsumerConfig.Prefetch, BackoffMax, PurgeAfter and PurgeInterval must not be negative")
 	}
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, time.Hour)
 	c.Prefetch = cmp.Or(c.Prefetch, PrefetchDefault)
 	c.BackoffMax = max(cmp.Or(c.BackoffMax, ConsumerBackoffMax), consumerBackoffMin)
 	c.ConnectionName = cmp.Or(c.ConnectionName, consumerConnectionKey)
@@ -99,6 +120,7 @@ func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
 		Handled: c.stats.handled.Load(), Duplicates: c.stats.duplicates.Load(), Retried: c.stats.retried.Load(),
 		DeadLettered: c.stats.dead.Load(), Refused: c.stats.refused.Load(), Reconnects: c.stats.reconnects.Load(),
+		Purged: c.stats.purged.Load(),
 	}
 }
 
@@ -107,6 +129,12 @@ func (c *Consumer) Stats() ConsumerStats {
 // the broker redelivers what was sent ahead. It returns nil then; it never
 // gives up on a broker that is down.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.cfg.PurgeAfter > 0 {
+		purgeCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); c.purgeLoop(purgeCtx) }()
+		defer func() { stop(); <-done }()
+	}
 	failures, node := 0, 0
 	for ctx.Err() == nil {
 		err := c.session(ctx, c.cfg.URLs[node%len(c.cfg.URLs)])
@@ -170,12 +198,37 @@ func (c *Consumer) session(ctx context.Context, url string) error {
 			}
 			got = true
 			// The delivery in progress finishes even on shutdown.
+			start := time.Now()
 			outcome, err := c.ib.Handle(context.WithoutCancel(ctx), &d, c.cfg.Handler)
 			c.count(outcome)
+			if c.cfg.Observer != nil {
+				c.cfg.Observer.Handled(ctx, &d, outcome, time.Since(start), err)
+			}
 			if err != nil && outcome != Retried {
 				c.log.WarnContext(ctx, "inbox: Delivery not handled", slog.String("message_id", d.MessageId),
 					slog.String("outcome", outcome.String()), slog.String("error", err.Error()))
 			}
+		}
+	}
+}
+
+// purgeLoop purges at once and then every PurgeInterval until ctx ends.
+func (c *Consumer) purgeLoop(ctx context.Context) {
+	tick := time.NewTicker(c.cfg.PurgeInterval)
+	defer tick.Stop()
+	for {
+		n, err := c.ib.Purge(ctx, c.cfg.PurgeAfter)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			c.log.ErrorContext(ctx, "inbox: Purging failed", slog.String("error", err.Error()))
+		case n > 0:
+			c.log.InfoContext(ctx, "inbox: Purged handled messages' records", slog.Int64("num_purged", n))
+		}
+		c.stats.purged.Add(n)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }

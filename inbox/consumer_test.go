@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,4 +100,52 @@ func TestTwoConsumersOnOneQueueExactlyOnce(t *testing.T) {
 	require.EqualValues(t, n, a.Duplicates+b.Duplicates)
 	require.Positive(t, a.Handled)
 	require.Positive(t, b.Handled, "both consumers took part")
+}
+
+// outcomes records what the consumer's Observer sees.
+type outcomes struct {
+	mu  sync.Mutex
+	got map[inbox.Outcome]int
+}
+
+func (o *outcomes) Handled(_ context.Context, _ *amqp.Delivery, outcome inbox.Outcome, took time.Duration, _ error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if took > 0 {
+		o.got[outcome]++
+	}
+}
+
+func (o *outcomes) count(outcome inbox.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.got[outcome]
+}
+
+// Issue 12, items 3 and 5: the consumer reports every outcome to its
+// Observer, and purges old records as it runs.
+func TestConsumerObserverAndPurge(t *testing.T) {
+	t.Parallel()
+	w := setup(t, 0)
+	require.NoError(t, w.ch.Cancel(testConsumerTag, false))
+	_, err := w.db.Exec(`INSERT INTO "` + w.table + `" (consumer, message_id, received_at, handled_at) VALUES ('billing', 'ancient', now() - interval '40 days', now())`)
+	require.NoError(t, err)
+	obs := &outcomes{got: map[inbox.Outcome]int{}}
+	c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: w.effect, URLs: []string{amqptest.URL()},
+		Observer: obs, PurgeAfter: 30 * 24 * time.Hour})
+	require.NoError(t, err)
+	w.publish(t, "a")
+	w.publish(t, "a")
+	w.publish(t, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		return obs.count(inbox.Handled) == 1 && obs.count(inbox.Duplicate) == 1 && obs.count(inbox.Refused) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return c.Stats().Purged == 1 }, 10*time.Second, 10*time.Millisecond, "the 40-day-old record")
+	cancel()
+	require.NoError(t, <-done)
+	require.Zero(t, dbtest.Count(t, w.db, `SELECT count(*) FROM "`+w.table+`" WHERE message_id = 'ancient'`))
+	require.EqualValues(t, 1, dbtest.Count(t, w.db, `SELECT count(*) FROM "`+w.table+`" WHERE message_id = 'a'`), "recent records stay")
 }

@@ -3,14 +3,17 @@ package outboxotel_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
 	"github.com/acemq/outbox/internal/dbtest"
 	"github.com/acemq/outbox/outboxotel"
 	"github.com/acemq/outbox/relay"
@@ -98,4 +101,26 @@ func TestObserverRecordsMetrics(t *testing.T) {
 
 	require.NoError(t, obs.Close())
 	require.NotContains(t, collect(t, reader), "outbox.pending", "Close unregisters the gauges")
+}
+
+// Issue 12, item 3: the inbox consumer's outcomes become metrics.
+func TestInboxObserver(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	obs, err := outboxotel.NewInboxObserver(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), "billing")
+	require.NoError(t, err)
+	d := &amqp.Delivery{RoutingKey: "order.placed"}
+	obs.Handled(context.Background(), d, inbox.Handled, time.Millisecond, nil)
+	obs.Handled(context.Background(), d, inbox.Duplicate, time.Millisecond, nil)
+	obs.Handled(context.Background(), d, inbox.DeadLettered, time.Millisecond, errors.New("bad"))
+	got := collect(t, reader)
+	require.EqualValues(t, 3, sum(t, got["messaging.client.consumed.messages"]))
+	require.Equal(t, "s", got["messaging.process.duration"].Unit)
+	points := got["messaging.client.consumed.messages"].Data.(metricdata.Sum[int64]).DataPoints
+	outcomes := map[string]bool{}
+	for _, p := range points {
+		v, _ := p.Attributes.Value("outbox.inbox.outcome")
+		outcomes[v.AsString()] = true
+	}
+	require.Equal(t, map[string]bool{"handled": true, "duplicate": true, "dead-lettered": true}, outcomes)
 }
