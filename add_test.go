@@ -245,3 +245,19 @@ func TestGauges(t *testing.T) {
 	require.EqualValues(t, 2, g.Pending, "the count stops at the limit")
 	require.EqualValues(t, 2, g.Limit)
 }
+
+func TestHasNotifyTrigger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	ok, err := b.store.HasNotifyTrigger(ctx)
+	require.NoError(t, err)
+	require.False(t, ok)
+	ddl, err := outbox.NotifySchema(b.table)
+	require.NoError(t, err)
+	_, err = b.db.Exec(ddl)
+	require.NoError(t, err)
+	ok, err = b.store.HasNotifyTrigger(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+}

@@ -244,3 +244,19 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
 	return g, nil
 }
+
+// HasNotifyTrigger reports whether the table has the LISTEN/NOTIFY trigger
+// of NotifySchema, without which LISTEN wakes nothing.
+func (s *Store) HasNotifyTrigger(ctx context.Context) (bool, error) {
+	db, err := s.pool()
+	if err != nil {
+		return false, err
+	}
+	var ok bool
+	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`,
+		s.t.quoted, s.t.trigger()).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("outbox: looking for the NOTIFY trigger of %s: %w", s.t.full, err)
+	}
+	return ok, nil
+}

@@ -5,15 +5,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+
+	"github.com/acemq/outbox/internal/sqlident"
 )
 
 // TableDefault is the outbox table used when no name is configured.
 const TableDefault = "outbox"
-
-// tableNameMax is the longest table (or schema) name accepted: PostgreSQL
-// identifiers are cut at 63 bytes, and index names append a suffix of up to
-// 14 characters to the table name.
-const tableNameMax = 48
 
 // Migrations holds the schema of the default "outbox" table as plain SQL
 // files, in the layout golang-migrate and Atlas read
@@ -31,43 +28,18 @@ type table struct {
 	full   string // as given
 }
 
-// parseTable validates a table name: one or two dot-separated parts (schema
-// and table), each a lowercase SQL identifier of at most 48 characters.
-// Nothing else is accepted, so that a name can never change the meaning of
-// the SQL it is placed in.
+// parseTable validates a table name (see package sqlident): nothing but a
+// plain, optionally schema-qualified, lowercase identifier is accepted, so
+// that a name can never change the meaning of the SQL it is placed in.
 func parseTable(s string) (table, error) {
 	if s == "" {
 		return table{}, fmt.Errorf("%w: the name is empty; leave StoreConfig.Table unset for %q", ErrInvalidTable, TableDefault)
 	}
-	parts := strings.Split(s, ".")
-	if len(parts) > 2 {
-		return table{}, fmt.Errorf("%w %q: at most one dot is allowed (schema.table)", ErrInvalidTable, s)
+	t, err := sqlident.ParseTable(s)
+	if err != nil {
+		return table{}, fmt.Errorf("%w %v", ErrInvalidTable, err)
 	}
-	quoted := make([]string, len(parts))
-	for i, p := range parts {
-		if err := checkIdent(p); err != nil {
-			return table{}, fmt.Errorf("%w %q: %s", ErrInvalidTable, truncate(s, 80), err)
-		}
-		quoted[i] = `"` + p + `"`
-	}
-	return table{quoted: strings.Join(quoted, "."), name: parts[len(parts)-1], full: s}, nil
-}
-
-func checkIdent(p string) error {
-	switch {
-	case p == "":
-		return fmt.Errorf("a part of the name is empty")
-	case len(p) > tableNameMax:
-		return fmt.Errorf("%q is %d characters long, the limit is %d", truncate(p, 20), len(p), tableNameMax)
-	case p[0] >= '0' && p[0] <= '9':
-		return fmt.Errorf("%q starts with a digit", p)
-	}
-	for _, c := range p {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return fmt.Errorf("character %q is not allowed: use lowercase letters, digits and underscores", c)
-		}
-	}
-	return nil
+	return table{quoted: t.Quoted, name: t.Name, full: s}, nil
 }
 
 func truncate(s string, n int) string {
@@ -155,6 +127,9 @@ func (t table) channel() string {
 	return ch
 }
 
+// trigger is the name of the NOTIFY trigger (and of its function).
+func (t table) trigger() string { return t.name + "_notify" }
+
 // NotifySchema returns DDL that makes every transaction inserting into the
 // outbox table send a notification on NotifyChannel when it commits, so a
 // relay can wake at once (see package pgwake) instead of at its next poll.
@@ -168,11 +143,11 @@ func NotifySchema(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fn := `"` + t.name + `_notify"`
+	fn := `"` + t.trigger() + `"`
 	if i := strings.IndexByte(t.quoted, '.'); i >= 0 {
 		fn = t.quoted[:i+1] + fn
 	}
-	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.name+`_notify"`, "{channel}", t.channel())
+	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.trigger()+`"`, "{channel}", t.channel())
 	return r.Replace(`CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('{channel}', '');

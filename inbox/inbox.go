@@ -38,10 +38,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 	"time"
 
+	"github.com/acemq/outbox/internal/sqlident"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -134,21 +134,14 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-var ident = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
-// quoteTable validates and quotes a table name.
-func quoteTable(name string) (string, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return "", fmt.Errorf("%w %q: at most one dot (schema.table)", ErrInvalidTable, name)
+// parseTable validates a table name (see package sqlident); "" is the
+// default.
+func parseTable(name string) (sqlident.Table, error) {
+	t, err := sqlident.ParseTable(cmp.Or(name, TableDefault))
+	if err != nil {
+		return t, fmt.Errorf("%w %v", ErrInvalidTable, err)
 	}
-	for i, p := range parts {
-		if !ident.MatchString(p) {
-			return "", fmt.Errorf("%w %.80q: use lowercase letters, digits and underscores, at most 48 each", ErrInvalidTable, name)
-		}
-		parts[i] = `"` + p + `"`
-	}
-	return strings.Join(parts, "."), nil
+	return t, nil
 }
 
 // New returns an Inbox on db, the consumer's database. It does not touch
@@ -164,10 +157,11 @@ func New(db *sql.DB, cfg *Config) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox: Config.MaxAttempts must not be negative (got %d)", cfg.MaxAttempts)
 	}
 	name := cmp.Or(cfg.Table, TableDefault)
-	quoted, err := quoteTable(name)
+	t, err := parseTable(name)
 	if err != nil {
 		return nil, err
 	}
+	quoted := t.Quoted
 	ib := &Inbox{db: db, table: quoted, name: name, consumer: cfg.Consumer,
 		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault), logger: cmp.Or(cfg.Logger, slog.Default())}
 	r := strings.NewReplacer("{table}", quoted)
@@ -216,22 +210,20 @@ func (ib *Inbox) Purgeable(ctx context.Context, olderThan time.Duration) (int64,
 // DropSchema returns the DDL that drops an inbox table: the down
 // migration.
 func DropSchema(table string) (string, error) {
-	quoted, err := quoteTable(cmp.Or(table, TableDefault))
+	t, err := parseTable(table)
 	if err != nil {
 		return "", err
 	}
-	return "DROP TABLE IF EXISTS " + quoted + ";\n", nil
+	return "DROP TABLE IF EXISTS " + t.Quoted + ";\n", nil
 }
 
 // Schema returns the DDL of an inbox table of the given name.
 func Schema(table string) (string, error) {
-	quoted, err := quoteTable(cmp.Or(table, TableDefault))
+	t, err := parseTable(table)
 	if err != nil {
 		return "", err
 	}
-	name := cmp.Or(table, TableDefault)
-	name = name[strings.LastIndex(name, ".")+1:]
-	return strings.NewReplacer("{table}", quoted, "{name}", name).Replace(`CREATE TABLE IF NOT EXISTS {table} (
+	return strings.NewReplacer("{table}", t.Quoted, "{name}", t.Name).Replace(`CREATE TABLE IF NOT EXISTS {table} (
     consumer    text        NOT NULL,
     message_id  text        NOT NULL,
     received_at timestamptz NOT NULL DEFAULT now(),

@@ -83,7 +83,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
-	if _, err := store.Pending(ctx); err != nil {
+	if _, err := store.Gauges(ctx, 1); err != nil { // the table is there and ours; cheap however large
 		return c.explain(err)
 	}
 	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger})
@@ -96,10 +96,8 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
 	}
 	if *notify {
-		quoted := `"` + strings.ReplaceAll(c.table, ".", `"."`) + `"` // validated by open
-		var ok bool
-		if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`,
-			quoted, c.table[strings.LastIndex(c.table, ".")+1:]+"_notify").Scan(&ok); err != nil {
+		ok, err := store.HasNotifyTrigger(ctx)
+		if err != nil {
 			return c.explain(err)
 		}
 		if !ok {
