@@ -117,23 +117,23 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	settleStart := time.Now()
 	var settleErr error
 	if len(published) > 0 {
-		err := r.retrying(settleCtx, until, "marking published", func(ctx context.Context) error {
+		n, err := r.settle(settleCtx, until, "marking published", len(published), func(ctx context.Context) error {
 			return r.store.MarkPublished(ctx, published...)
 		})
-		r.stats.published.Add(r.settled(settleCtx, "marking published", len(published), err))
-		settleErr = cmp.Or(settleErr, unlessLost(err))
+		r.stats.published.Add(n)
+		settleErr = cmp.Or(settleErr, err)
 	}
 	for _, f := range failed {
 		r.logger.WarnContext(ctx, "relay: Message failed", slog.String("outbox_id", f.msg.ID),
 			slog.String("event_type", f.msg.EventType), slog.Int("attempt", f.msg.Attempts+1), slog.String("error", f.reason))
-		err := r.retrying(settleCtx, until, "marking failed", func(ctx context.Context) error {
+		n, err := r.settle(settleCtx, until, "marking failed", 1, func(ctx context.Context) error {
 			return r.store.MarkFailed(ctx, f.msg, f.reason)
 		})
-		if r.settled(settleCtx, "marking failed", 1, err) == 1 {
+		if n == 1 {
 			r.stats.failed.Add(1)
 			r.obs.Failed(ctx, &f.msg, f.class, r.maxAttempts > 0 && f.msg.Attempts+1 >= r.maxAttempts)
 		}
-		settleErr = cmp.Or(settleErr, unlessLost(err))
+		settleErr = cmp.Or(settleErr, err)
 	}
 	reason := ReleasedBroker
 	if ctx.Err() != nil {
@@ -152,23 +152,26 @@ func (r *Relay) release(ctx context.Context, until time.Time, msgs []outbox.Mess
 	if len(msgs) == 0 {
 		return nil
 	}
-	err := r.retrying(ctx, until, "releasing", func(ctx context.Context) error {
+	n, err := r.settle(ctx, until, "releasing", len(msgs), func(ctx context.Context) error {
 		return r.store.Release(ctx, msgs...)
 	})
-	n := r.settled(ctx, "releasing", len(msgs), err)
 	r.stats.released.Add(n)
 	if n > 0 {
 		r.obs.Released(ctx, int(n), reason)
 	}
-	return unlessLost(err)
+	return err
 }
 
-// unlessLost returns err unless it only reports lost leases.
-func unlessLost(err error) error {
+// settle runs a mark or release of n messages, retrying it (see retrying),
+// and returns how many were settled and its error, lost leases aside:
+// those are counted and reported by settled.
+func (r *Relay) settle(ctx context.Context, until time.Time, what string, n int, op func(context.Context) error) (int64, error) {
+	err := r.retrying(ctx, until, what, op)
+	settled := r.settled(ctx, what, n, err)
 	if errors.Is(err, outbox.ErrLeaseLost) {
-		return nil
+		return settled, nil
 	}
-	return err
+	return settled, err
 }
 
 // retrying runs a settle and, when it fails for a reason other than a lost

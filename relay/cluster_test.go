@@ -47,18 +47,33 @@ func TestQuorumLeaderKilled(t *testing.T) {
 	r, _ := start(t, store, newPublisher(t, &relay.AMQPConfig{URLs: urls, DialTimeout: 2 * time.Second}),
 		&relay.Config{BatchSize: 100, PollInterval: 10 * time.Millisecond, BackoffMax: time.Second})
 
-	written := make(chan struct{})
+	// The writer runs beside the test goroutine, so it reports its error
+	// instead of failing the test from another goroutine.
+	written := make(chan error, 1)
 	go func() {
-		defer close(written)
 		for i := 0; i < n; i += 100 {
-			b.write(t, 100, 100, func(k int) outbox.Event { return small(i + k) })
-			time.Sleep(5 * time.Millisecond)
+			tx, err := db.BeginTx(context.Background(), nil)
+			if err == nil {
+				evts := make([]outbox.Event, 100)
+				for k := range evts {
+					evts[k] = small(i + k)
+				}
+				if err = store.Add(context.Background(), tx, evts...); err == nil {
+					err = tx.Commit()
+				}
+			}
+			if err != nil {
+				written <- err
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // a stream, not a burst
 		}
+		written <- nil
 	}()
 	require.Eventually(t, func() bool { return r.Stats().Published >= n/4 }, time.Minute, 10*time.Millisecond)
 	cluster.Kill(leader)
 	t.Logf("killed c%d, the leader of the queue, after %d published", leader, r.Stats().Published)
-	<-written
+	require.NoError(t, <-written)
 	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 3*time.Minute, 50*time.Millisecond)
 	require.EqualValues(t, 0, b.count(t, "attempts > 0 OR parked_at IS NOT NULL"), "a nack or a lost node is never the message's fault")
 

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"log/slog"
 	"net/url"
 	"os"
@@ -26,16 +27,10 @@ import (
 func (b *testBundle) insertRaw(t testing.TB, typ, exchange string, headers map[string]string) string {
 	t.Helper()
 	id := uuid.Must(uuid.NewV7()).String()
-	h := "{}"
-	if len(headers) > 0 {
-		var parts []string
-		for k, v := range headers {
-			parts = append(parts, strconv.Quote(k)+":"+strconv.Quote(v))
-		}
-		h = "{" + strings.Join(parts, ",") + "}"
-	}
-	_, err := b.db.Exec(`INSERT INTO "`+b.store.Table()+`" (id, event_type, event_key, exchange, routing_key, payload, content_type, headers)
-		VALUES ($1, $2, '', $3, $2, '\x7b7d', 'application/json', $4::jsonb)`, id, typ, exchange, h)
+	h, err := json.Marshal(headers)
+	require.NoError(t, err)
+	_, err = b.db.Exec(`INSERT INTO "`+b.store.Table()+`" (id, event_type, event_key, exchange, routing_key, payload, content_type, headers)
+		VALUES ($1, $2, '', $3, $2, '\x7b7d', 'application/json', $4::jsonb)`, id, typ, exchange, string(h))
 	require.NoError(t, err)
 	return id
 }

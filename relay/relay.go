@@ -159,7 +159,7 @@ type Relay struct {
 	obs         Observer
 	maxAttempts int        // the store's, when it says; for Observer.Failed's parked
 	claimMu     sync.Mutex // one claim at a time, numbered by order
-	order       sequencer
+	order       *sequencer
 	pubMu       sync.Mutex                           // one Publish at a time unless concurrent
 	concurrent  bool                                 // the publisher may be called from several lanes at once
 	backlog     chan struct{}                        // full claims call extra lanes in
@@ -208,7 +208,7 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 		maxAttempts = ma.MaxAttempts()
 	}
 	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(),
-		obs: obs, maxAttempts: maxAttempts,
+		obs: obs, maxAttempts: maxAttempts, order: newSequencer(), backlog: make(chan struct{}, c.MaxInFlight),
 		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }
 

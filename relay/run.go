@@ -63,16 +63,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		fatalErr error
 		once     sync.Once
 	)
-	r.backlog = make(chan struct{}, r.cfg.MaxInFlight)
 	for i := range r.cfg.MaxInFlight {
 		lanes.Add(1)
 		go func() {
 			defer lanes.Done()
-			lane := r.lane
-			if i > 0 {
-				lane = r.extraLane
+			var err error
+			if i == 0 {
+				err = r.lane(laneCtx, local)
+			} else {
+				err = r.extraLane(laneCtx)
 			}
-			if err := lane(laneCtx, local); err != nil {
+			if err != nil {
 				once.Do(func() { fatalErr = err })
 				stopLanes()
 			}
@@ -106,23 +107,12 @@ func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
 		case err != nil:
 			failures++
 			wait = r.backoff(failures)
-			if hint := permanent(err); hint != "" {
-				r.logger.ErrorContext(ctx, "relay: Claiming failed with a permanent error; retrying until it is fixed",
-					slog.String("error", err.Error()), slog.String("hint", hint), slog.Bool("permanent", true), slog.Duration("retry_in", wait))
-			} else {
-				r.logger.ErrorContext(ctx, "relay: Claiming failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-			}
+			r.logFailure(ctx, slog.LevelError, "relay: Claiming failed", err, wait)
 		case res.brokerFaults > 0:
 			failures++
 			wait = r.backoff(failures)
-			if hint := permanent(res.brokerErr); hint != "" {
-				r.logger.ErrorContext(ctx, "relay: The broker refuses the relay with a permanent error; messages released, retrying until it is fixed",
-					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.String("hint", hint),
-					slog.Bool("permanent", true), slog.Duration("retry_in", wait))
-			} else {
-				r.logger.WarnContext(ctx, "relay: Broker unavailable; messages released, retrying",
-					slog.Int("num_released", res.brokerFaults), slog.String("error", res.brokerErr.Error()), slog.Duration("retry_in", wait))
-			}
+			r.logFailure(ctx, slog.LevelWarn, "relay: Broker unavailable, messages released", res.brokerErr, wait,
+				slog.Int("num_released", res.brokerFaults))
 		case res.claimed > 0:
 			failures, idle = 0, 0
 			continue // work found: there may be more, claim again at once
@@ -136,13 +126,26 @@ func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
 			idle++
 		}
 		if failures > 0 {
-			r.sleep(ctx, wait) // a backoff is not cut short by new work
+			r.sleep(ctx, wait, nil, nil) // a backoff is not cut short by new work
 		} else if r.sleep(ctx, wait, r.cfg.Wakeup, local) {
 			// Woken, maybe before the writer's commit: poll closely for a
 			// few milliseconds before the waits grow again.
 			idle, burst = 0, wakeBurst
 		}
 	}
+}
+
+// logFailure logs a failed round at level, retried after wait. An error
+// waiting will not fix is logged at error level as permanent, with advice.
+func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, err error, wait time.Duration, attrs ...slog.Attr) {
+	attrs = append(attrs, slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+	if hint := permanent(err); hint != "" {
+		level, msg = slog.LevelError, msg+" with a permanent error; retrying until it is fixed"
+		attrs = append(attrs, slog.String("hint", hint), slog.Bool("permanent", true))
+	} else {
+		msg += "; retrying"
+	}
+	r.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // signalBacklog asks an idle extra lane to claim the next batch while this
@@ -158,7 +161,7 @@ func (r *Relay) signalBacklog(claimed int) {
 
 // extraLane claims, publishes and settles while claims come back full,
 // and waits for a backlog otherwise.
-func (r *Relay) extraLane(ctx context.Context, _ <-chan struct{}) error {
+func (r *Relay) extraLane(ctx context.Context) error {
 	var failures int
 	for {
 		select {
@@ -174,7 +177,7 @@ func (r *Relay) extraLane(ctx context.Context, _ <-chan struct{}) error {
 			if err != nil || res.brokerFaults > 0 {
 				// The first lane logs and reports it; this one backs off.
 				failures++
-				r.sleep(ctx, r.backoff(failures))
+				r.sleep(ctx, r.backoff(failures), nil, nil)
 				break
 			}
 			failures = 0
@@ -185,23 +188,12 @@ func (r *Relay) extraLane(ctx context.Context, _ <-chan struct{}) error {
 	}
 }
 
-// sleep waits for d, the end of ctx or a wake-up, whichever comes first,
-// and reports whether a wake-up ended it.
-func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeups ...<-chan struct{}) bool {
-	wakeable := false
-	for _, w := range wakeups {
-		wakeable = wakeable || w != nil
-	}
+// sleep waits for d, the end of ctx or a value on w1 or w2 (nil: none),
+// whichever comes first, and reports whether a wake-up ended it.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2 <-chan struct{}) bool {
 	if r.sleepHook != nil { // tests
-		r.sleepHook(d, wakeable)
+		r.sleepHook(d, w1 != nil || w2 != nil)
 		return false
-	}
-	var w1, w2 <-chan struct{}
-	if len(wakeups) > 0 {
-		w1 = wakeups[0]
-	}
-	if len(wakeups) > 1 {
-		w2 = wakeups[1]
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -217,10 +209,17 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeups ...<-chan st
 }
 
 // sequencer lets the lanes settle in the order their batches were claimed.
+// Its zero value is not usable: newSequencer.
 type sequencer struct {
 	mu         sync.Mutex
 	cond       *sync.Cond
 	next, done uint64
+}
+
+func newSequencer() *sequencer {
+	s := &sequencer{}
+	s.cond = sync.NewCond(&s.mu)
+	return s
 }
 
 // take numbers the next claim; the caller holds the claim lock.
@@ -235,19 +234,20 @@ func (s *sequencer) take() uint64 {
 func (s *sequencer) wait(seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cond == nil {
-		s.cond = sync.NewCond(&s.mu)
-	}
-	for s.done < seq-1 {
-		s.cond.Wait()
-	}
+	s.awaitTurn(seq)
 }
 
 // finish records that batch seq has settled, after those before it.
 func (s *sequencer) finish(seq uint64) {
-	s.wait(seq)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.awaitTurn(seq)
 	s.done = seq
 	s.cond.Broadcast()
+}
+
+func (s *sequencer) awaitTurn(seq uint64) {
+	for s.done < seq-1 {
+		s.cond.Wait()
+	}
 }
