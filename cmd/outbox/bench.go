@@ -39,7 +39,7 @@ type benchOptions struct {
 // limit (amqp091-go publishing the same messages with pipelined confirms,
 // no database) measured in the same run. It drops what it created.
 func cmdBench(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("bench", x, false)
+	c := newCommon("bench", x, "") // bench makes a scratch table of its own
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	var o benchOptions
 	c.fs.IntVar(&o.messages, "messages", 50_000, "messages per run")
@@ -197,7 +197,7 @@ func (o *phaseObserver) String() string {
 	}
 	p := func(d []time.Duration) string {
 		s := slices.Sorted(slices.Values(d))
-		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", float64(s[len(s)/2].Microseconds())/1000, float64(s[len(s)*99/100].Microseconds())/1000)
+		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(percentile(s, 0.5)), ms(percentile(s, 0.99)))
 	}
 	var sum float64
 	for _, n := range o.batch {
@@ -207,18 +207,25 @@ func (o *phaseObserver) String() string {
 		len(o.batch), sum/float64(len(o.batch)), p(o.claim), p(o.publish), p(o.settle))
 }
 
+// percentile returns the p-th value of sorted, 0 ≤ p ≤ 1.
+func percentile[T any](sorted []T, p float64) T {
+	return sorted[int(p*float64(len(sorted)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 // figure is one measurement over several runs.
 type figure []float64
 
-func (f figure) String() string {
+// format prints the median with its unit and the range, "4.5 ms [3.8–5.4]".
+func (f figure) format(verb, unit string) string {
 	s := slices.Sorted(slices.Values(f))
-	return fmt.Sprintf("%.0f [%.0f–%.0f]", s[len(s)/2], s[0], s[len(s)-1])
+	return fmt.Sprintf(verb+unit+" ["+verb+"–"+verb+"]", percentile(s, 0.5), s[0], s[len(s)-1])
 }
 
-func (f figure) median() float64 {
-	s := slices.Sorted(slices.Values(f))
-	return s[len(s)/2]
-}
+func (f figure) String() string { return f.format("%.0f", "") }
+
+func (f figure) median() float64 { return percentile(slices.Sorted(slices.Values(f)), 0.5) }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 	var broker, relayed figure
@@ -435,16 +442,12 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		}
 		slices.Sort(lat)
 		for i, p := range pcts {
-			figures[i] = append(figures[i], float64(lat[int(p*float64(len(lat)-1))].Microseconds())/1000)
+			figures[i] = append(figures[i], ms(percentile(lat, p)))
 		}
 		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms; relay: %s\n", run, figures[0][run-1], figures[2][run-1], b.phases)
 	}
-	ms := func(f figure) string {
-		s := slices.Sorted(slices.Values(f))
-		return fmt.Sprintf("%.1f ms [%.1f–%.1f]", s[len(s)/2], s[0], s[len(s)-1])
-	}
 	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction: p50 %s, p90 %s, p99 %s, max %s\n",
-		b.o.rate, b.o.writers, ms(figures[0]), ms(figures[1]), ms(figures[2]), ms(figures[3]))
+		b.o.rate, b.o.writers, figures[0].format("%.1f", " ms"), figures[1].format("%.1f", " ms"), figures[2].format("%.1f", " ms"), figures[3].format("%.1f", " ms"))
 	return nil
 }
 

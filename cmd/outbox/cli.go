@@ -109,8 +109,10 @@ type common struct {
 	args        []string // the positional arguments given
 }
 
-func newCommon(name string, x *cli, withTable ...bool) *common {
-	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: outbox.TableDefault}
+// newCommon starts a command's flags: --database-url, and --table with
+// the given default unless table is "" (a command on a table of its own).
+func newCommon(name string, x *cli, table string) *common {
+	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: table}
 	c.fs.SetOutput(x.stderr)
 	c.fs.Usage = func() {
 		fmt.Fprintf(c.fs.Output(), "Usage: %s\n\nFlags:\n", strings.TrimSpace("outbox "+name+" [flags] "+c.positional))
@@ -119,8 +121,8 @@ func newCommon(name string, x *cli, withTable ...bool) *common {
 	// The default is never taken from the environment here: flag prints
 	// defaults in its usage text, and DATABASE_URL holds a password.
 	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string (default $DATABASE_URL)")
-	if len(withTable) == 0 || withTable[0] {
-		c.fs.StringVar(&c.table, "table", outbox.TableDefault, "outbox table, optionally schema-qualified")
+	if table != "" {
+		c.fs.StringVar(&c.table, "table", table, "table, optionally schema-qualified")
 	}
 	return c
 }

@@ -12,7 +12,7 @@ import (
 )
 
 func cmdStatus(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("status", x)
+	c := newCommon("status", x, outbox.TableDefault)
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -39,7 +39,7 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 }
 
 func cmdParked(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("parked", x)
+	c := newCommon("parked", x, outbox.TableDefault)
 	limit := c.fs.Int("limit", 50, "most messages to list, most recently parked first")
 	if err := c.parse(args); err != nil {
 		return err
@@ -96,7 +96,7 @@ func printable(s string, n int) string {
 }
 
 func cmdRetry(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("retry", x)
+	c := newCommon("retry", x, outbox.TableDefault)
 	c.positional = "ID..."
 	all := c.fs.Bool("all-parked", false, "re-arm every parked message")
 	dryRun := c.fs.Bool("dry-run", false, "with --all-parked: say how many messages would be re-armed, and do nothing")
@@ -143,7 +143,7 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 }
 
 func cmdPurge(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("purge", x)
+	c := newCommon("purge", x, outbox.TableDefault)
 	olderThan := c.fs.Duration("older-than", 0, "delete published messages older than this (e.g. 168h); required")
 	batch := c.fs.Int("batch-size", outbox.PurgeBatchSizeDefault, "rows deleted per statement")
 	dryRun := c.fs.Bool("dry-run", false, "say how many messages would be deleted, and do nothing")
@@ -186,7 +186,7 @@ func cmdPurge(ctx context.Context, x *cli, args []string) error {
 }
 
 func cmdSchema(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("schema", x)
+	c := newCommon("schema", x, outbox.TableDefault)
 	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
 	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
 	if err := c.parse(args); err != nil {

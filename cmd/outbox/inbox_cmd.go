@@ -31,18 +31,8 @@ func cmdInbox(ctx context.Context, x *cli, args []string) error {
 	return errUsage
 }
 
-func newInboxCommon(name string, x *cli) *common {
-	c := newCommon("inbox "+name, x)
-	c.table = inbox.TableDefault
-	if f := c.fs.Lookup("table"); f != nil {
-		f.DefValue = inbox.TableDefault
-		f.Usage = "inbox table, optionally schema-qualified"
-	}
-	return c
-}
-
 func cmdInboxSchema(ctx context.Context, x *cli, args []string) error {
-	c := newInboxCommon("schema", x)
+	c := newCommon("inbox schema", x, inbox.TableDefault)
 	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
 	if err := c.parse(args); err != nil {
 		return err
@@ -55,7 +45,7 @@ func cmdInboxSchema(ctx context.Context, x *cli, args []string) error {
 }
 
 func cmdInboxPurge(ctx context.Context, x *cli, args []string) error {
-	c := newInboxCommon("purge", x)
+	c := newCommon("inbox purge", x, inbox.TableDefault)
 	consumer := c.fs.String("consumer", "", "the consumer whose records to purge; required")
 	olderThan := c.fs.Duration("older-than", 0, "delete records of messages handled or dead-lettered longer ago than this (e.g. 720h); required. Keep them longer than a message may be redelivered")
 	dryRun := c.fs.Bool("dry-run", false, "say how many records would be deleted, and do nothing")

@@ -29,7 +29,10 @@ type metricsServer struct {
 
 // startMetrics listens on addr at once, so that a busy port fails the
 // command before the relay starts, and returns the relay's observer.
-func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() (relay.Health, time.Duration)) (*metricsServer, error) {
+//
+// Ready means: the relay's last round went through, its last claim is no
+// older than within, and the broker answers.
+func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() relay.Health, within time.Duration) (*metricsServer, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
@@ -37,7 +40,7 @@ func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x 
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
 	ready := func() (bool, int, string) {
-		h, within := health()
+		h := health()
 		switch {
 		case h.Err != nil:
 			kind := "failing"

@@ -35,7 +35,7 @@ func (c *common) amqpURLs(flagValue string) []string {
 const amqpURLHelp = "RabbitMQ URL(s), comma-separated for a cluster (default $AMQP_URL, else RabbitMQ on localhost:5672 as guest)"
 
 func cmdRelay(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("relay", x)
+	c := newCommon("relay", x, outbox.TableDefault)
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
 	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set")
@@ -113,12 +113,12 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		// Ready: the last round went through, and the last claim is
 		// recent (the idle relay claims every --poll-interval).
 		within := max(10**poll, 10*time.Second)
-		m, err := startMetrics(*metricsAddr, store, pub, c.cli, logger, func() (relay.Health, time.Duration) {
+		m, err := startMetrics(*metricsAddr, store, pub, c.cli, logger, func() relay.Health {
 			if r := running.Load(); r != nil {
-				return r.Health(), within
+				return r.Health()
 			}
-			return relay.Health{}, within
-		})
+			return relay.Health{}
+		}, within)
 		if err != nil {
 			return err
 		}
