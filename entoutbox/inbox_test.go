@@ -27,14 +27,7 @@ func TestInboxHandlerWithEnt(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ib.CreateSchemaIfAbsent(ctx))
 
-	conn := amqptest.Conn(t)
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	queue := amqptest.Name(t, "payments")
-	_, err = ch.QueueDeclare(queue, false, true, false, false, nil)
-	require.NoError(t, err)
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	require.NoError(t, err)
+	ch, queue, deliveries := amqptest.ManualQueue(t, "payments")
 	require.NoError(t, ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{MessageId: "payment-1", Body: []byte("7")}))
 
 	handler := func(fail bool) inbox.Handler {

@@ -74,12 +74,7 @@ func TestFrameTooLargeHeaderParksOnlyItsMessage(t *testing.T) {
 // ACCESS_REFUSED, which closes the channel without naming the message.
 func TestAccessRefusedInternalExchangeParksOnlyItsMessage(t *testing.T) {
 	t.Parallel()
-	internal := amqptest.Name(t, "internal")
-	conn := amqptest.Conn(t)
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.ExchangeDeclare(internal, amqp.ExchangeTopic, false, true, true, false, nil))
-	t.Cleanup(func() { _ = ch.ExchangeDelete(internal, false, false); ch.Close() })
+	internal := amqptest.Exchange(t, "internal", true)
 	poisonTest(t, func(b *testBundle) string {
 		return b.insertRaw(t, "to.internal", internal, nil)
 	}, defaultPublisher(t), "ACCESS_REFUSED")
@@ -89,12 +84,7 @@ func TestAccessRefusedInternalExchangeParksOnlyItsMessage(t *testing.T) {
 func TestAccessRefusedByPermissionsParksOnlyItsMessage(t *testing.T) {
 	t.Parallel()
 	user := strings.ReplaceAll(amqptest.Name(t, "u"), ".", "_")
-	forbidden := amqptest.Name(t, "forbidden")
-	conn := amqptest.Conn(t)
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.ExchangeDeclare(forbidden, amqp.ExchangeTopic, false, true, false, false, nil))
-	t.Cleanup(func() { _ = ch.ExchangeDelete(forbidden, false, false); ch.Close() })
+	forbidden := amqptest.Exchange(t, "forbidden", false)
 	amqptest.Ctl(t, "add_user", user, "secret-pw")
 	t.Cleanup(func() { amqptest.Ctl(t, "delete_user", user) })
 

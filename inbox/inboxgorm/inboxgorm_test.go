@@ -48,14 +48,7 @@ func TestConsumeUpdatePublishAtomically(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ib.CreateSchemaIfAbsent(ctx))
 
-	conn := amqptest.Conn(t)
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	queue := amqptest.Name(t, "orders")
-	_, err = ch.QueueDeclare(queue, false, true, false, false, nil)
-	require.NoError(t, err)
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	require.NoError(t, err)
+	ch, queue, deliveries := amqptest.ManualQueue(t, "orders")
 	publish := func(id string) *amqp.Delivery {
 		require.NoError(t, ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{MessageId: id, Body: []byte(id)}))
 		d := <-deliveries

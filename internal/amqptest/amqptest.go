@@ -120,6 +120,44 @@ func Declare(tb testing.TB, conn *amqp.Connection, keys ...string) Topology {
 	return top
 }
 
+// ManualQueue declares an auto-deleted queue of the test's own and
+// consumes it with manual acks on a channel of its own, for tests that ack
+// or reject deliveries themselves (an inbox, say). It returns the channel,
+// to publish on, the queue's name and the deliveries.
+func ManualQueue(tb testing.TB, prefix string) (*amqp.Channel, string, <-chan amqp.Delivery) {
+	tb.Helper()
+	ch, err := Conn(tb).Channel()
+	if err != nil {
+		tb.Fatalf("amqptest: opening channel: %v", err)
+	}
+	queue := Name(tb, prefix)
+	if _, err := ch.QueueDeclare(queue, false, true, false, false, nil); err != nil {
+		tb.Fatalf("amqptest: declaring queue: %v", err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		tb.Fatalf("amqptest: consuming: %v", err)
+	}
+	return ch, queue, deliveries
+}
+
+// Exchange declares an auto-deleted topic exchange of the test's own,
+// internal (no client may publish to it) if asked, deleted when the test
+// ends.
+func Exchange(tb testing.TB, prefix string, internal bool) string {
+	tb.Helper()
+	ch, err := Conn(tb).Channel()
+	if err != nil {
+		tb.Fatalf("amqptest: opening channel: %v", err)
+	}
+	name := Name(tb, prefix)
+	if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, false, true, internal, false, nil); err != nil {
+		tb.Fatalf("amqptest: declaring exchange: %v", err)
+	}
+	tb.Cleanup(func() { _ = ch.ExchangeDelete(name, false, false); ch.Close() })
+	return name
+}
+
 // Consumer records the messages that arrive on a queue.
 type Consumer struct {
 	mu    sync.Mutex
