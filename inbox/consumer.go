@@ -81,6 +81,8 @@ type Consumer struct {
 	cfg   ConsumerConfig
 	log   *slog.Logger
 	stats struct{ handled, duplicates, retried, dead, refused, reconnects, purged atomic.Int64 }
+
+	passwords []string // of the configured URLs, kept out of the logs
 }
 
 // ConsumerStats are a consumer's running totals.
@@ -100,9 +102,14 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 	if len(c.URLs) == 0 {
 		c.URLs = []string{"amqp://guest:guest@localhost:5672/"}
 	}
+	var passwords []string
 	for i, u := range c.URLs {
-		if _, err := amqp.ParseURI(u); err != nil {
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
 			return nil, fmt.Errorf("inbox: AMQP URL #%d is not a valid amqp:// or amqps:// URL", i+1) // never the URL: it may hold a password
+		}
+		if uri.Password != "" {
+			passwords = append(passwords, uri.Password)
 		}
 	}
 	if c.Prefetch < 0 || c.BackoffMax < 0 || c.PurgeAfter < 0 || c.PurgeInterval < 0 {
@@ -112,7 +119,7 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 	c.Prefetch = cmp.Or(c.Prefetch, PrefetchDefault)
 	c.BackoffMax = max(cmp.Or(c.BackoffMax, ConsumerBackoffMax), consumerBackoffMin)
 	c.ConnectionName = cmp.Or(c.ConnectionName, consumerConnectionKey)
-	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger)}, nil
+	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), passwords: passwords}, nil
 }
 
 // Stats returns the consumer's running totals.
@@ -147,7 +154,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wait := min(c.cfg.BackoffMax, consumerBackoffMin<<min(failures-1, 20))
 		wait = wait/2 + rand.N(wait/2+1)
 		c.log.WarnContext(ctx, "inbox: Consumer lost the broker; reconnecting", slog.String("queue", c.cfg.Queue),
-			slog.String("error", redactURLs(err, c.cfg.URLs)), slog.Duration("retry_in", wait))
+			slog.String("error", c.redacted(err)), slog.Duration("retry_in", wait))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -248,17 +255,15 @@ func (c *Consumer) count(o Outcome) {
 	}
 }
 
-// redactURLs returns err's text with every configured URL replaced by its
-// host, so that no password reaches the logs.
-func redactURLs(err error, urls []string) string {
+// redacted returns err's text with the passwords of the configured URLs
+// replaced, so that none reaches the logs.
+func (c *Consumer) redacted(err error) string {
 	if err == nil {
 		return "connection closed"
 	}
 	msg := err.Error()
-	for _, u := range urls {
-		if uri, perr := amqp.ParseURI(u); perr == nil && uri.Password != "" {
-			msg = strings.ReplaceAll(msg, uri.Password, "xxxxx")
-		}
+	for _, p := range c.passwords {
+		msg = strings.ReplaceAll(msg, p, "xxxxx")
 	}
 	return msg
 }

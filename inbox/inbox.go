@@ -98,7 +98,7 @@ type Inbox struct {
 	consumer    string
 	maxAttempts int
 	logger      *slog.Logger
-	q           struct{ claim, retry, failed, dead, purge, purgeable string }
+	q           struct{ claim, retry, failed, purge, purgeable string }
 	afterCommit func(*amqp.Delivery) // tests: runs between commit and ack
 }
 
@@ -175,11 +175,14 @@ func New(db *sql.DB, cfg *Config) (*Inbox, error) {
 ON CONFLICT (consumer, message_id) DO UPDATE SET consumer = EXCLUDED.consumer
 RETURNING xmax = 0, handled_at IS NOT NULL, dead_at IS NOT NULL`)
 	ib.q.retry = r.Replace(`UPDATE {table} SET handled_at = now() WHERE consumer = $1 AND message_id = $2`)
-	// Failures are counted outside the rolled back transaction.
-	ib.q.failed = r.Replace(`INSERT INTO {table} AS i (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3)
-ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = i.attempts + 1, last_error = $3
-RETURNING attempts`)
-	ib.q.dead = r.Replace(`UPDATE {table} SET dead_at = now() WHERE consumer = $1 AND message_id = $2`)
+	// Failures are counted outside the rolled back transaction; the
+	// attempt that reaches MaxAttempts dead-letters the message in the
+	// same statement.
+	ib.q.failed = r.Replace(`INSERT INTO {table} AS i (consumer, message_id, attempts, last_error, dead_at)
+VALUES ($1, $2, 1, $3, CASE WHEN 1 >= $4 THEN now() END)
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET attempts = i.attempts + 1, last_error = $3, dead_at = CASE WHEN i.attempts + 1 >= $4 THEN now() END
+RETURNING attempts, dead_at IS NOT NULL`)
 	ib.q.purgeable = r.Replace(`SELECT count(*) FROM {table}
 WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microsecond'
   AND (handled_at IS NOT NULL OR dead_at IS NOT NULL)`)
@@ -320,15 +323,15 @@ func (ib *Inbox) failed(ctx context.Context, d *amqp.Delivery, herr error) (Outc
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	var attempts int
-	if err := ib.db.QueryRowContext(cctx, ib.q.failed, ib.consumer, d.MessageId, reason).Scan(&attempts); err != nil {
+	var (
+		attempts int
+		dead     bool
+	)
+	if err := ib.db.QueryRowContext(cctx, ib.q.failed, ib.consumer, d.MessageId, reason, ib.maxAttempts).Scan(&attempts, &dead); err != nil {
 		return Retried, ib.requeue(d, errors.Join(herr, fmt.Errorf("inbox: counting the failed attempt: %w", err)))
 	}
-	if attempts < ib.maxAttempts {
+	if !dead {
 		return Retried, errors.Join(herr, d.Nack(false, true))
-	}
-	if _, err := ib.db.ExecContext(cctx, ib.q.dead, ib.consumer, d.MessageId); err != nil {
-		return Retried, ib.requeue(d, errors.Join(herr, fmt.Errorf("inbox: recording the dead letter: %w", err)))
 	}
 	ib.logger.WarnContext(ctx, "inbox: Message dead-lettered after too many failed attempts", slog.String("consumer", ib.consumer),
 		slog.String("message_id", d.MessageId), slog.Int("attempts", attempts), slog.String("error", reason))
