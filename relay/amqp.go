@@ -195,8 +195,9 @@ func redactedURIError(err error, raw string) string {
 
 // Publish sends the batch and waits for the broker's confirms; see
 // Publisher. It is safe for concurrent use: concurrent calls publish on
-// connections of their own, opened as needed. Batches larger than 1000 messages go out in windows of 1000,
-// each confirmed before the next is sent.
+// connections of their own, opened as needed. Batches larger than 1000
+// messages go out in windows of 1000, each confirmed before the next is
+// sent.
 //
 // When the broker closes the channel or the connection because of
 // something the client sent (an ACCESS_REFUSED exchange, a frame too large,
