@@ -7,12 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
 )
 
 // Execer is what Add writes through: the caller's open transaction.
@@ -63,6 +62,17 @@ const HeadersMaxBytes = 64 << 10
 // in several, inside a savepoint that is rolled back if one of them fails
 // (a cancelled ctx, say), so that a caller who commits after a failed Add
 // never commits part of the events.
+//
+// In ordered mode (StoreConfig.Ordering), Add first takes a lock on each
+// key of the events for the rest of tx (a transaction-scoped advisory lock,
+// keyed by table and key): writers of one key take turns, the second
+// waiting until the first commits or rolls back. A message's place in the
+// order of its key is therefore the order in which the writers' transactions
+// took the key, which is also the order in which they committed; it does not
+// depend on any clock. A transaction that adds events of several keys in
+// several calls can deadlock with another that adds them in the other
+// order; PostgreSQL then aborts one of them (SQLSTATE 40P01). One call
+// takes its keys in a fixed order and never deadlocks by itself.
 func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 	if err := checkTransaction(tx); err != nil {
 		return err
@@ -87,6 +97,11 @@ func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 		}
 		args = append(args, row[:]...)
 	}
+	if s.ordering == OrderedByKey {
+		if err := s.lockKeys(ctx, tx, evts); err != nil {
+			return err
+		}
+	}
 	if len(evts) <= insertChunk {
 		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
 			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err)
@@ -95,6 +110,37 @@ func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 		return err
 	}
 	s.Notify()
+	return nil
+}
+
+// lockKeys makes the writers of each key of evts take turns (ordered mode).
+func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
+	var keys []string
+	for i := range evts {
+		if evts[i].Key != "" {
+			keys = append(keys, evts[i].Key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	// An array literal rather than a []string: the writer's driver is the
+	// application's, and not every driver takes slices.
+	var lit strings.Builder
+	lit.WriteByte('{')
+	esc := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	for i, k := range keys {
+		if i > 0 {
+			lit.WriteByte(',')
+		}
+		lit.WriteString(`"` + esc.Replace(k) + `"`)
+	}
+	lit.WriteByte('}')
+	if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String()); err != nil {
+		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
+	}
 	return nil
 }
 
@@ -176,7 +222,7 @@ func (s *Store) rowArgs(e *Event, base map[string]string) ([insertColumns]any, e
 			return row, fmt.Errorf("outbox: encoding headers of %q event: %w", e.Type, err)
 		}
 	}
-	id, err := uuid.NewV7()
+	id, err := s.newID()
 	if err != nil {
 		return row, fmt.Errorf("outbox: generating message id: %w", err)
 	}

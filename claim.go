@@ -56,7 +56,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
 	}
-	sortByID(msgs)
+	sortBySeq(msgs)
 	return msgs, nil
 }
 
@@ -70,7 +70,7 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 			claimed  sql.NullTime
 			parkedAt sql.NullTime
 		)
-		if err := rows.Scan(&m.ID, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
+		if err := rows.Scan(&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
 			&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt); err != nil {
 			return nil, err
 		}

@@ -1,8 +1,9 @@
 package outbox
 
 import (
+	"cmp"
 	"slices"
-	"strings"
+
 	"time"
 )
 
@@ -25,6 +26,12 @@ type Message struct {
 	ContentType string
 	Headers     map[string]string
 
+	// Seq is the message's place in the order the database gave the
+	// messages as they were written (a sequence); claims return messages
+	// in this order, and ordered mode (StoreConfig.Ordering) keeps it per
+	// key.
+	Seq int64
+
 	// CreatedAt is when the writing transaction started, by the database clock.
 	CreatedAt time.Time
 
@@ -46,9 +53,7 @@ type Message struct {
 	claimToken string
 }
 
-// sortByID orders messages oldest first. UUIDv7 ids begin with their
-// creation time in milliseconds and are monotonic within a process, and the
-// canonical lowercase text form sorts like the bytes.
-func sortByID(msgs []Message) {
-	slices.SortFunc(msgs, func(a, b Message) int { return strings.Compare(a.ID, b.ID) })
+// sortBySeq orders messages as they were written, by the database's order.
+func sortBySeq(msgs []Message) {
+	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) })
 }

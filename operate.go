@@ -36,6 +36,10 @@ type Stats struct {
 	OldestPendingAge time.Duration
 	// PublishedLastHour counts messages published in the last hour.
 	PublishedLastHour int64
+	// BlockedKeys counts the keys that have a parked message. In ordered
+	// mode each is blocked: its later messages wait until the parked one
+	// is retried or discarded (Retry, Discard).
+	BlockedKeys int64
 }
 
 // Stats returns counts of the table's messages by state.
@@ -48,7 +52,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		st     Stats
 		oldest float64
 	)
-	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Claimed, &st.Parked, &oldest, &st.PublishedLastHour); err != nil {
+	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Claimed, &st.Parked, &oldest, &st.PublishedLastHour, &st.BlockedKeys); err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats of %s: %w", s.t.full, err)
 	}
 	st.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
@@ -87,12 +91,40 @@ func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	for _, id := range ids {
-		if _, err := uuid.Parse(id); err != nil {
-			return 0, fmt.Errorf("outbox: Retry: %q is not a message id (a UUID)", id)
-		}
+	if err := checkIDs("Retry", ids); err != nil {
+		return 0, err
 	}
 	return s.execCount(ctx, db, "retrying parked messages", s.q.retry, ids)
+}
+
+// Discard gives up on parked messages: they will never be published, and
+// in ordered mode their keys are unblocked, so that the messages written
+// after them go out. A discarded message is not deleted: it keeps its row,
+// attempts and last error, with discarded_at set (and published_at, which
+// takes it out of the outbox's work and lets PurgePublished delete it with
+// the published history in time). Ids that are not parked messages are
+// ignored. It returns how many messages were discarded.
+func (s *Store) Discard(ctx context.Context, ids ...string) (int64, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if err := checkIDs("Discard", ids); err != nil {
+		return 0, err
+	}
+	return s.execCount(ctx, db, "discarding parked messages", s.q.discard, ids)
+}
+
+func checkIDs(op string, ids []string) error {
+	for _, id := range ids {
+		if _, err := uuid.Parse(id); err != nil {
+			return fmt.Errorf("outbox: %s: %q is not a message id (a UUID)", op, id)
+		}
+	}
+	return nil
 }
 
 // RetryAllParked re-arms every parked message, as Retry does, and returns how
@@ -178,7 +210,7 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "outbox:"+s.t.quoted); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
-	if _, err := tx.ExecContext(ctx, s.t.createSQL()); err != nil {
+	if _, err := tx.ExecContext(ctx, s.t.createSQL()+s.t.orderSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
 	if err := tx.Commit(); err != nil {

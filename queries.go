@@ -7,44 +7,20 @@ import "strings"
 type queries struct {
 	claim, markPublished, release, markFailed string
 	pending, stats, parked, retry, retryAll   string
-	purge, purgeable, gauges                  string
+	purge, purgeable, gauges, discard, lock   string
 }
 
-const messageColumns = `o.id, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
+const messageColumns = `o.id, coalesce(o.seq, 0), o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
 	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at`
 
-func newQueries(t table) queries {
-	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns)
+func newQueries(t table, ordered bool) queries {
+	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns, "{name}", t.full)
+	claim := r.Replace(claimSQL)
+	if ordered {
+		claim = r.Replace(orderedClaimSQL)
+	}
 	return queries{
-		// One statement. The subquery locks candidate rows for the length
-		// of this statement only (SKIP LOCKED lets concurrent claimers pass
-		// each other) and the UPDATE decides the claim: a row another
-		// claimer took meanwhile fails the re-checked WHERE and is not
-		// returned. It is written as id = ANY(ARRAY(...)) rather than a CTE
-		// joined to the table so that even a generic plan, cached while the
-		// table was small, reaches the rows through the primary key.
-		// The window keeps rows, in id order, while the bytes before them
-		// stay under the bound ($4), so that a claim never brings more
-		// than about that much into memory, and always at least one row.
-		// octet_length reads a payload's size from its TOAST header: the
-		// payloads left out are never fetched.
-		claim: r.Replace(`UPDATE {table} AS o
-SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
-WHERE o.id = ANY(ARRAY(
-	SELECT id FROM (
-		SELECT id, sum(size) OVER (ORDER BY id) - size AS before
-		FROM (
-			SELECT id, octet_length(payload)::bigint + pg_column_size(headers) AS size
-			FROM {table}
-			WHERE published_at IS NULL AND parked_at IS NULL
-			  AND available_at <= now()
-			  AND (claimed_until IS NULL OR claimed_until <= now())
-			ORDER BY id
-			LIMIT $1
-			FOR UPDATE SKIP LOCKED) AS candidates
-	) AS sized
-	WHERE before < $4))
-RETURNING {columns}`),
+		claim: claim,
 
 		// Fenced by the claim token: one statement per claim (a relay
 		// settles the messages of one claim together). The id = ANY
@@ -86,7 +62,8 @@ RETURNING attempts, parked_at IS NOT NULL`),
 )
 SELECT live.n + parked.n, live.claimed, parked.n,
        coalesce(extract(epoch FROM now() - least(live.oldest, parked.oldest))::float8, 0),
-       (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour')
+       (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour' AND discarded_at IS NULL),
+       (SELECT count(DISTINCT event_key) FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL AND event_key <> '')
 FROM live, parked`),
 
 		parked: r.Replace(`SELECT {columns} FROM {table} AS o
@@ -109,7 +86,20 @@ WHERE parked_at IS NOT NULL AND published_at IS NULL`),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) AS p),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL LIMIT $1) AS k),
 	coalesce(extract(epoch FROM now() - (
-		SELECT created_at FROM {table} WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1))::float8, 0)`),
+		SELECT created_at FROM {table} WHERE published_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT 1))::float8, 0)`),
+
+		// Only parked messages can be given up on. The row stays, with its
+		// attempts and last error; published_at takes it out of the
+		// outbox's work (and, in ordered mode, unblocks its key) and lets
+		// it be purged with the published history.
+		discard: r.Replace(`UPDATE {table}
+SET published_at = now(), discarded_at = now()
+WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL AND published_at IS NULL`),
+
+		// Ordered mode: writers of one key take turns (see Store.Add). The
+		// keys arrive sorted, so that two transactions locking the same
+		// keys take them in the same order.
+		lock: `SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || k, 0))) FROM unnest($2::text[]) AS k`,
 
 		purgeable: r.Replace(`SELECT count(*) FROM {table}
 WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),
@@ -122,3 +112,88 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 )`),
 	}
 }
+
+// claimSQL is the claim of the unordered mode. One statement. The subquery
+// locks candidate rows for the length of this statement only (SKIP LOCKED
+// lets concurrent claimers pass each other) and the UPDATE decides the
+// claim. It is written as id = ANY(ARRAY(...)) rather than a CTE joined to
+// the table so that even a generic plan, cached while the table was small,
+// reaches the rows through the primary key. The window keeps rows, in the
+// order of seq, while the bytes before them stay under the bound ($4), so
+// that a claim never brings more than about that much into memory, and
+// always at least one row. octet_length reads a payload's size from its
+// TOAST header: the payloads left out are never fetched.
+const claimSQL = `UPDATE {table} AS o
+SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
+WHERE o.id = ANY(ARRAY(
+	SELECT id FROM (
+		SELECT id, sum(size) OVER (ORDER BY seq) - size AS before
+		FROM (
+			SELECT id, seq, octet_length(payload)::bigint + pg_column_size(headers) AS size
+			FROM {table}
+			WHERE published_at IS NULL AND parked_at IS NULL
+			  AND available_at <= now()
+			  AND (claimed_until IS NULL OR claimed_until <= now())
+			ORDER BY seq
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED) AS candidates
+	) AS sized
+	WHERE before < $4))
+RETURNING {columns}`
+
+// orderedClaimSQL is the claim of ordered mode: the unordered claim, where
+// a message of a key is claimed only with every unpublished message of its
+// key written before it. Three steps:
+//
+//  1. candidates: ready rows in the order of seq, locked (SKIP LOCKED), of
+//     which a key's row is left out without being locked when the key's
+//     first unpublished message (its head: one probe of the key index) is
+//     another one that is parked, backing off or claimed;
+//  2. gaps: for each key among the candidates, the first unpublished row
+//     of the key that is not a candidate (skipped because locked, or not
+//     ready), by the statement's snapshot;
+//  3. a candidate is claimed only below its key's gap, then the byte window.
+//
+// Step 3 is what guarantees order, whatever concurrent claimers do: every
+// unpublished message of the key written before a claimed one is claimed by
+// the same statement. A row that is unpublished now was unpublished in the
+// snapshot (nothing is ever unpublished), and a row of the key written
+// before a visible one committed before it (Store.Add makes writers of a key
+// take turns), so it is visible too. Step 1 only keeps the rows of blocked
+// keys from being locked and from filling the LIMIT.
+const orderedClaimSQL = `UPDATE {table} AS o
+SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
+WHERE o.id = ANY(ARRAY(
+	WITH candidates AS MATERIALIZED (
+		SELECT c.id, c.event_key, c.seq, octet_length(c.payload)::bigint + pg_column_size(c.headers) AS size
+		FROM {table} AS c
+		WHERE c.published_at IS NULL AND c.parked_at IS NULL
+		  AND c.available_at <= now()
+		  AND (c.claimed_until IS NULL OR c.claimed_until <= now())
+		  AND (c.event_key = '' OR NOT EXISTS (
+			SELECT 1 FROM (
+				SELECT h.id, h.parked_at, h.available_at, h.claimed_until FROM {table} AS h
+				WHERE h.event_key = c.event_key AND h.published_at IS NULL AND h.event_key <> ''
+				ORDER BY h.seq
+				LIMIT 1) AS head
+			WHERE head.id <> c.id
+			  AND (head.parked_at IS NOT NULL OR head.available_at > now() OR head.claimed_until > now())))
+		ORDER BY c.seq
+		LIMIT $1
+		FOR UPDATE OF c SKIP LOCKED
+	), gaps AS (
+		SELECT p.event_key, min(p.seq) AS gap
+		FROM {table} AS p
+		JOIN (SELECT event_key, max(seq) AS last FROM candidates WHERE event_key <> '' GROUP BY event_key) AS k
+		  ON p.event_key = k.event_key AND p.seq < k.last
+		WHERE p.published_at IS NULL AND p.event_key <> ''
+		  AND NOT EXISTS (SELECT 1 FROM candidates AS x WHERE x.id = p.id)
+		GROUP BY p.event_key
+	)
+	SELECT id FROM (
+		SELECT id, sum(size) OVER (ORDER BY seq) - size AS before
+		FROM candidates AS k
+		WHERE NOT EXISTS (SELECT 1 FROM gaps AS g WHERE g.event_key = k.event_key AND g.gap < k.seq)
+	) AS sized
+	WHERE before < $4))
+RETURNING {columns}`

@@ -50,14 +50,16 @@ func truncate(s string, n int) string {
 }
 
 // Schema returns the DDL that creates the outbox table of the given name and
-// its indexes. Every statement is idempotent (IF NOT EXISTS), so the script
-// can be run more than once.
+// its indexes, at the current version: the creation and every upgrade, in
+// order, as in Migrations. Every statement is idempotent (IF NOT EXISTS),
+// so the script can be run more than once, and run on a table of an older
+// version it upgrades it.
 func Schema(tableName string) (string, error) {
 	t, err := parseTable(tableName)
 	if err != nil {
 		return "", err
 	}
-	return t.createSQL(), nil
+	return t.createSQL() + "\n" + t.orderSQL(), nil
 }
 
 // DropSchema returns the DDL that drops the outbox table of the given name.
@@ -107,6 +109,71 @@ CREATE INDEX IF NOT EXISTS "{name}_published_idx" ON {table} (published_at)
 `)
 }
 
+// orderSQL is the second version of the table (migration 000002): a
+// database-assigned order of the messages, seq, that claims follow and that
+// ordered mode (StoreConfig.Ordering) keeps per key; the record of
+// discarded messages; and the indexes on seq. Run on a table of the first
+// version it upgrades it without rewriting it: the new columns have no
+// default for the rows already there, and only the rows not yet published
+// are numbered, in the order of their ids. CREATE INDEX reads the whole
+// table: on a large one, create the two indexes CONCURRENTLY first.
+func (t table) orderSQL() string {
+	r := strings.NewReplacer("{table}", t.quoted, "{seq}", t.qualified(t.name+"_seq"),
+		"{seqname}", strings.ReplaceAll(t.qualified(t.name+"_seq"), "'", "''"), "{claim_idx}", t.qualified(t.name+"_claim_idx"), "{name}", t.name)
+	return r.Replace(`-- The order the database assigns to messages as they are written: claims
+-- follow it, and ordered mode keeps it per key.
+CREATE SEQUENCE IF NOT EXISTS {seq};
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq bigint;
+ALTER TABLE {table} ALTER COLUMN seq SET DEFAULT nextval('{seqname}');
+ALTER SEQUENCE {seq} OWNED BY {table}.seq;
+
+-- When an operator gave up on a parked message (Store.Discard); the row is
+-- kept, with its attempts and last error.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS discarded_at timestamptz;
+
+-- Rows written before this version that are still to be published take
+-- their order from their time-ordered ids, before every later row.
+UPDATE {table} AS o SET seq = n.seq
+FROM (SELECT id, nextval('{seqname}') AS seq
+      FROM (SELECT id FROM {table} WHERE seq IS NULL AND published_at IS NULL ORDER BY id) AS p) AS n
+WHERE o.id = n.id;
+
+-- Claims walk this index, in the order of seq: it holds only rows that are
+-- neither published nor parked, so published history does not slow them.
+DROP INDEX IF EXISTS {claim_idx};
+CREATE INDEX IF NOT EXISTS "{name}_claim_seq_idx" ON {table} (seq)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+
+-- Ordered mode finds the first unpublished message of a key here.
+CREATE INDEX IF NOT EXISTS "{name}_key_idx" ON {table} (event_key, seq)
+    WHERE published_at IS NULL AND event_key <> '';
+`)
+}
+
+// dropOrderSQL undoes orderSQL (the down migration of 000002).
+func (t table) dropOrderSQL() string {
+	r := strings.NewReplacer("{table}", t.quoted, "{claim_idx}", t.qualified(t.name+"_claim_idx"),
+		"{seq_idx}", t.qualified(t.name+"_claim_seq_idx"), "{key_idx}", t.qualified(t.name+"_key_idx"), "{seq}", t.qualified(t.name+"_seq"))
+	return r.Replace(`CREATE INDEX IF NOT EXISTS "` + t.name + `_claim_idx" ON {table} (id)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+DROP INDEX IF EXISTS {seq_idx};
+DROP INDEX IF EXISTS {key_idx};
+ALTER TABLE {table} DROP COLUMN IF EXISTS discarded_at;
+ALTER TABLE {table} DROP COLUMN IF EXISTS seq;
+DROP SEQUENCE IF EXISTS {seq};
+`)
+}
+
+// qualified returns the quoted name of an object in the table's schema
+// (an index, a sequence, a function).
+func (t table) qualified(name string) string {
+	q := `"` + name + `"`
+	if i := strings.IndexByte(t.quoted, '.'); i >= 0 {
+		q = t.quoted[:i+1] + q
+	}
+	return q
+}
+
 // NotifyChannel returns the PostgreSQL notification channel on which the
 // trigger of NotifySchema announces commits to the table.
 func NotifyChannel(tableName string) (string, error) {
@@ -143,10 +210,7 @@ func NotifySchema(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fn := `"` + t.trigger() + `"`
-	if i := strings.IndexByte(t.quoted, '.'); i >= 0 {
-		fn = t.quoted[:i+1] + fn
-	}
+	fn := t.qualified(t.trigger())
 	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.trigger()+`"`, "{channel}", t.channel())
 	return r.Replace(`CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

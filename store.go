@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Defaults and limits of StoreConfig.
@@ -58,6 +60,35 @@ func ExponentialBackoff(base, limit time.Duration) BackoffFunc {
 	}
 }
 
+// Ordering is the order in which a Store hands messages to relays.
+type Ordering int
+
+const (
+	// Unordered, the default, claims messages in the order they were
+	// written but lets relays publish them side by side, and a message
+	// that fails waits out its backoff while later ones go ahead: most
+	// messages arrive in order, none is held back by another.
+	Unordered Ordering = iota
+
+	// OrderedByKey keeps the order of the messages of each key: for two
+	// messages with the same non-empty Event.Key, where m1 was written
+	// first, the first delivery of m2 never comes before the first delivery
+	// of m1 (to a queue consumed in order). See the package documentation
+	// for what "written first" means and what it costs.
+	OrderedByKey
+)
+
+// String returns "unordered" or "ordered by key".
+func (o Ordering) String() string {
+	switch o {
+	case Unordered:
+		return "unordered"
+	case OrderedByKey:
+		return "ordered by key"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
 // StoreConfig configures a Store. The zero value (and nil) gives the defaults.
 type StoreConfig struct {
 	// Backoff decides how long a failed message waits before it is tried
@@ -82,6 +113,12 @@ type StoreConfig struct {
 	// MaxAttempts is how many failed attempts park a message: it is then
 	// never claimed again until an operator retries it. Defaults to 10.
 	MaxAttempts int
+
+	// Ordering is Unordered (the default) or OrderedByKey. Every Store on a
+	// table, the writers' (ORM plugins included) and the relays', must say
+	// the same: in ordered mode writers of a key take turns, and relays
+	// claim a key's messages only in order.
+	Ordering Ordering
 
 	// PurgeBatchSize is how many rows one statement of PurgePublished deletes,
 	// keeping each statement (and its locks and WAL) small. Defaults to 5000.
@@ -119,6 +156,8 @@ type Store struct {
 	purgeBatch    int
 	batchMaxBytes int64
 	router        Router
+	ordering      Ordering
+	newID         func() (uuid.UUID, error) // uuid.NewV7; tests skew its clock
 
 	q       queries
 	inserts [insertChunk + 1]string // INSERT text by row count, built on first use
@@ -143,6 +182,9 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 	if cfg.BatchMaxBytes < 0 {
 		return nil, fmt.Errorf("outbox: StoreConfig.BatchMaxBytes must not be negative (got %d)", cfg.BatchMaxBytes)
 	}
+	if cfg.Ordering != Unordered && cfg.Ordering != OrderedByKey {
+		return nil, fmt.Errorf("outbox: StoreConfig.Ordering must be Unordered or OrderedByKey (got %d)", int(cfg.Ordering))
+	}
 	if cfg.PurgeBatchSize < 0 {
 		return nil, fmt.Errorf("outbox: StoreConfig.PurgeBatchSize must not be negative (got %d)", cfg.PurgeBatchSize)
 	}
@@ -156,7 +198,9 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		purgeBatch:    cmp.Or(cfg.PurgeBatchSize, PurgeBatchSizeDefault),
 		batchMaxBytes: cmp.Or(cfg.BatchMaxBytes, BatchMaxBytesDefault),
 		router:        cfg.Router,
-		q:             newQueries(t),
+		ordering:      cfg.Ordering,
+		newID:         uuid.NewV7,
+		q:             newQueries(t, cfg.Ordering == OrderedByKey),
 	}
 	if s.backoff == nil {
 		s.backoff = ExponentialBackoff(time.Second, 10*time.Minute)
@@ -172,6 +216,9 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 
 // Table returns the table name the store works on, as configured.
 func (s *Store) Table() string { return s.t.full }
+
+// Ordering returns the order the store keeps.
+func (s *Store) Ordering() Ordering { return s.ordering }
 
 // MaxAttempts returns how many failed attempts park a message.
 func (s *Store) MaxAttempts() int { return s.maxAttempts }

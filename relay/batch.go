@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,7 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 		r.pubMu.Lock()
 	}
 	pubStart := time.Now()
-	errs := r.pub.Publish(pubCtx, msgs)
+	errs := r.publish(pubCtx, msgs)
 	confirmed := time.Now()
 	if !r.concurrent {
 		r.pubMu.Unlock()
@@ -79,7 +80,7 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
-	var published, broker []outbox.Message
+	var published, broker, heldBack []outbox.Message
 	type failure struct {
 		msg           outbox.Message
 		reason, class string
@@ -92,6 +93,8 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 		case errors.Is(err, ErrPublisherClosed):
 			_ = r.release(settleCtx, until, msgs, ReleasedShutdown)
 			return res, err
+		case errors.Is(err, errHeldBack):
+			heldBack = append(heldBack, msgs[i])
 		case errors.Is(err, ErrBrokerUnavailable):
 			broker = append(broker, msgs[i])
 			if res.brokerErr == nil {
@@ -140,10 +143,88 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 		reason = ReleasedShutdown
 	}
 	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, broker, reason))
+	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, heldBack, ReleasedOrder))
 	r.obs.Settled(ctx, time.Since(settleStart), settleErr)
 	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
-		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)))
+		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(heldBack)))
 	return res, nil
+}
+
+// errHeldBack is the outcome, in ordered mode, of a message that was not
+// published because an earlier message of its key in the batch was not.
+var errHeldBack = errors.New("relay: held back behind an earlier message of its key")
+
+// publish hands msgs to the publisher. In ordered mode (a store that says
+// outbox.OrderedByKey) it publishes in rounds: the first message of every
+// key and every message without a key, then, once the broker confirmed
+// them, the second message of each key whose first was confirmed, and so
+// on. A message of a key is thus sent only after the broker confirmed the
+// one before it, so the queue holds them in order whichever channel or
+// connection carries them; keys proceed side by side. A key whose message
+// was not confirmed has its later messages held back (errHeldBack); a
+// broker fault or a closed publisher ends the rounds.
+func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
+	if !r.ordered {
+		return r.pub.Publish(ctx, msgs)
+	}
+	var (
+		rounds [][]int // indices into msgs, by place in their key
+		place  = make(map[string]int)
+	)
+	for i := range msgs { // msgs come in the order of seq
+		j := 0
+		if k := msgs[i].Key; k != "" {
+			j = place[k]
+			place[k]++
+		}
+		if j == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[j] = append(rounds[j], i)
+	}
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = errHeldBack
+	}
+	stopped := make(map[string]bool) // keys with a message not confirmed
+	for _, round := range rounds {
+		batch := make([]outbox.Message, 0, len(round))
+		idx := make([]int, 0, len(round))
+		for _, i := range round {
+			if k := msgs[i].Key; k == "" || !stopped[k] {
+				batch = append(batch, msgs[i])
+				idx = append(idx, i)
+			}
+		}
+		if len(batch) == 0 {
+			break
+		}
+		res := r.pub.Publish(ctx, batch)
+		if len(res) != len(batch) {
+			return res // runOnce releases the whole batch
+		}
+		end := false
+		for n, err := range res {
+			i := idx[n]
+			errs[i] = err
+			if err != nil {
+				stopped[msgs[i].Key] = true
+				end = end || errors.Is(err, ErrBrokerUnavailable) || errors.Is(err, ErrPublisherClosed)
+			}
+		}
+		if end {
+			break
+		}
+		if ctx.Err() != nil { // PublishTimeout or shutdown: what is left is unconfirmed
+			for i := range errs {
+				if errs[i] == errHeldBack && !stopped[msgs[i].Key] {
+					errs[i] = fmt.Errorf("%w: publishing cut short (%v)", ErrBrokerUnavailable, ctx.Err())
+				}
+			}
+			break
+		}
+	}
+	return errs
 }
 
 // release gives msgs back without an attempt and returns the error of the

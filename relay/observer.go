@@ -34,7 +34,9 @@ type Observer interface {
 	Failed(ctx context.Context, msg *outbox.Message, class string, parked bool)
 
 	// Released reports n messages given back without an attempt: reason
-	// is "broker" (a broker fault) or "shutdown".
+	// is "broker" (a broker fault), "shutdown", or "order" (ordered mode:
+	// held back because an earlier message of its key in the batch was
+	// not published).
 	Released(ctx context.Context, n int, reason string)
 
 	// LeasesLost reports n messages whose claim had passed to another
@@ -50,6 +52,7 @@ type Observer interface {
 const (
 	ReleasedBroker   = "broker"
 	ReleasedShutdown = "shutdown"
+	ReleasedOrder    = "order"
 )
 
 // NopObserver does nothing; embed it to implement part of Observer.

@@ -162,6 +162,7 @@ type Relay struct {
 	order       *sequencer
 	pubMu       sync.Mutex                           // one Publish at a time unless concurrent
 	concurrent  bool                                 // the publisher may be called from several lanes at once
+	ordered     bool                                 // the store keeps the order of each key
 	backlog     chan struct{}                        // full claims call extra lanes in
 	pollFirst   time.Duration                        // the first wait after an empty claim
 	backoff     outbox.BackoffFunc                   // waits after broker or database failures
@@ -207,7 +208,11 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 	if ma, ok := store.(interface{ MaxAttempts() int }); ok {
 		maxAttempts = ma.MaxAttempts()
 	}
-	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(),
+	ordered := false
+	if o, ok := store.(interface{ Ordering() outbox.Ordering }); ok {
+		ordered = o.Ordering() == outbox.OrderedByKey
+	}
+	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(), ordered: ordered,
 		obs: obs, maxAttempts: maxAttempts, order: newSequencer(), backlog: make(chan struct{}, c.MaxInFlight),
 		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }

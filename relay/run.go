@@ -26,7 +26,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
-	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
+	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
+		slog.Bool("ordered", r.ordered))
 
 	// Purging runs beside the loop: deleting millions of old rows must not
 	// hold up publishing.

@@ -1,0 +1,264 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+func ordered() *outbox.StoreConfig { return &outbox.StoreConfig{Ordering: outbox.OrderedByKey} }
+
+func keyed(key string, n int) outbox.Event {
+	return outbox.Event{Type: "thing.happened", Key: key, Payload: []byte(fmt.Sprintf(`{"key":%q,"n":%d}`, key, n))}
+}
+
+// claimTypes claims up to n messages and returns their payloads.
+func claimed(t *testing.T, s *outbox.Store, n int) ([]outbox.Message, []string) {
+	t.Helper()
+	msgs, err := s.Claim(context.Background(), n, time.Minute)
+	require.NoError(t, err)
+	var out []string
+	for _, m := range msgs {
+		out = append(out, string(m.Payload))
+	}
+	return msgs, out
+}
+
+func p(key string, n int) string { return fmt.Sprintf(`{"key":%q,"n":%d}`, key, n) }
+
+func TestOrderedClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ordered())
+	b.addCommitted(t, keyed("a", 1), keyed("b", 1), keyed("a", 2), outbox.Event{Type: "free", Payload: []byte("free")}, keyed("a", 3))
+
+	// A claim of two takes the first two in the order of writing.
+	first, got := claimed(t, b.store, 2)
+	require.Equal(t, []string{p("a", 1), p("b", 1)}, got)
+	require.Less(t, first[0].Seq, first[1].Seq)
+
+	// The next claim skips a's later messages while a1 is claimed, but
+	// takes what has no key.
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{"free"}, got)
+
+	// a1 fails and backs off: a2 and a3 wait behind it; b2, written now, goes.
+	require.NoError(t, b.store.MarkPublished(ctx, first[1]))
+	require.NoError(t, b.store.MarkFailed(ctx, first[0], "unroutable"))
+	b.addCommitted(t, keyed("b", 2))
+	b2, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("b", 2)}, got, "a's messages wait behind a1's backoff (backoff is ~1s)")
+	require.NoError(t, b.store.MarkPublished(ctx, b2...))
+
+	// Once a1 is ready again, a claim takes a1, a2, a3 together, in order.
+	_, err := b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET available_at = now() WHERE published_at IS NULL`)
+	require.NoError(t, err)
+	as, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3)}, got)
+	require.Equal(t, 1, as[0].Attempts)
+}
+
+func TestOrderedParkRetryDiscard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := ordered()
+	cfg.MaxAttempts = 1
+	b := setup(t, cfg)
+	b.addCommitted(t, keyed("a", 1), keyed("a", 2), keyed("b", 1), keyed("b", 2), keyed("c", 1))
+
+	msgs, _ := claimed(t, b.store, 10)
+	require.Len(t, msgs, 5)
+	// a1 and b1 are parked; the rest is released.
+	require.NoError(t, b.store.MarkFailed(ctx, msgs[0], "no route"))
+	require.NoError(t, b.store.MarkFailed(ctx, msgs[2], "no route"))
+	require.NoError(t, b.store.Release(ctx, msgs[1], msgs[3]))
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[4]))
+
+	st, err := b.store.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.BlockedKeys)
+	require.EqualValues(t, 2, st.Parked)
+	b.addCommitted(t, keyed("a", 3), keyed("c", 2))
+	_, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("c", 2)}, got, "keys a and b are blocked by their parked heads")
+
+	// Retry unblocks a: a1, a2, a3 in order. Discard unblocks b: b2 only.
+	n, err := b.store.Retry(ctx, msgs[0].ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = b.store.Discard(ctx, msgs[2].ID, msgs[4].ID) // c1 is published, not parked: ignored
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1), p("a", 2), p("b", 2), p("a", 3)}, got)
+
+	// The discarded message is kept, with its record.
+	require.EqualValues(t, 1, b.count(t, "discarded_at IS NOT NULL AND published_at IS NOT NULL AND last_error = 'no route' AND attempts = 1"))
+	st, err = b.store.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.BlockedKeys)
+	require.Zero(t, st.Parked)
+
+	_, err = b.store.Discard(ctx, "not-an-id")
+	require.ErrorContains(t, err, `"not-an-id" is not a message id`)
+}
+
+// TestOrderedConcurrentClaimers: claimers on two pools claim, publish,
+// fail and release at random; whenever one claims a message, every
+// message of its key written before it is published or in the same claim.
+func TestOrderedConcurrentClaimers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const keys, perKey = 50, 40
+	cfg := ordered()
+	cfg.Backoff = func(int) time.Duration { return time.Millisecond }
+	cfg.MaxAttempts = 1000
+	b := setup(t, cfg)
+	var evts []outbox.Event
+	for n := range perKey {
+		for k := range keys {
+			evts = append(evts, keyed(fmt.Sprint(k), n))
+		}
+	}
+	b.addCommitted(t, evts...)
+	other, err := outbox.NewStore(dbtest.NewDB(t), &outbox.StoreConfig{Table: b.table, Ordering: outbox.OrderedByKey, Backoff: cfg.Backoff, MaxAttempts: 1000})
+	require.NoError(t, err)
+
+	var (
+		mu        sync.Mutex
+		published = map[string]int{} // key → messages published (they go in order)
+		wg        sync.WaitGroup
+		errs      = make(chan error, 16)
+	)
+	for _, store := range []*outbox.Store{b.store, other} {
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for idle := 0; idle < 50; {
+					msgs, err := store.Claim(ctx, 1+rand.IntN(30), time.Minute)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if len(msgs) == 0 {
+						idle++
+						time.Sleep(2 * time.Millisecond)
+						continue
+					}
+					idle = 0
+					mu.Lock()
+					next := map[string]int{}
+					for _, m := range msgs {
+						var n int
+						_, _ = fmt.Sscanf(string(m.Payload[len(`{"key":"`)+len(m.Key)+len(`","n":`):]), "%d", &n)
+						if _, ok := next[m.Key]; !ok {
+							next[m.Key] = published[m.Key]
+						}
+						if n != next[m.Key] {
+							mu.Unlock()
+							errs <- fmt.Errorf("claimed message %d of key %s while %d of its messages are published", n, m.Key, next[m.Key])
+							return
+						}
+						next[m.Key]++
+					}
+					// Publish a prefix of each key's messages, fail the next, release the rest.
+					var pub, rel, fail []outbox.Message
+					stopped := map[string]bool{}
+					for _, m := range msgs {
+						switch {
+						case stopped[m.Key]:
+							rel = append(rel, m)
+						case rand.IntN(10) == 0:
+							stopped[m.Key] = true
+							fail = append(fail, m)
+						default:
+							pub = append(pub, m)
+							published[m.Key]++ // before the mark commits: stricter
+						}
+					}
+					mu.Unlock()
+					if err := store.MarkPublished(ctx, pub...); err != nil {
+						errs <- err
+						return
+					}
+					for _, m := range fail {
+						if err := store.MarkFailed(ctx, m, "random"); err != nil {
+							errs <- err
+							return
+						}
+					}
+					if err := store.Release(ctx, rel...); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Zero(t, b.count(t, "published_at IS NULL"), "everything published")
+	require.Positive(t, b.count(t, "attempts > 0"), "some messages failed on the way")
+	for k := range keys {
+		require.Equal(t, perKey, published[fmt.Sprint(k)])
+	}
+}
+
+// TestOrderedWritersTakeTurns shows the order concurrent writers of one
+// key get: the order in which they take the key, which Add holds until
+// the transaction ends. The transaction that began first but wrote second
+// waits for the other to commit, and its message comes after.
+func TestOrderedWritersTakeTurns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ordered())
+	begin := func() *sql.Tx {
+		tx, err := b.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		return tx
+	}
+	early, late := begin(), begin()
+	var pid int
+	require.NoError(t, early.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+
+	require.NoError(t, b.store.Add(ctx, late, keyed("order-1", 1)))
+	done := make(chan error, 1)
+	go func() { done <- b.store.Add(ctx, early, keyed("order-1", 2)) }()
+	// The early transaction waits for the key.
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, b.db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'", pid) == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	// Other keys do not wait.
+	b.addCommitted(t, keyed("order-2", 1))
+	require.NoError(t, late.Commit())
+	require.NoError(t, <-done)
+	require.NoError(t, early.Commit())
+
+	_, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("order-1", 1), p("order-2", 1), p("order-1", 2)}, got)
+
+	// A writer that rolls back lets the next one go, and leaves no gap that
+	// holds the key.
+	tx1, tx2 := begin(), begin()
+	require.NoError(t, b.store.Add(ctx, tx1, keyed("order-3", 1)))
+	go func() { done <- b.store.Add(ctx, tx2, keyed("order-3", 2)) }()
+	time.Sleep(20 * time.Millisecond) // not a synchronisation: tx2 may or may not be waiting yet
+	require.NoError(t, tx1.Rollback())
+	require.NoError(t, <-done)
+	require.NoError(t, tx2.Commit())
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("order-3", 2)}, got)
+}
