@@ -12,7 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/relay"
 )
 
 func ordered() *outbox.StoreConfig { return &outbox.StoreConfig{Ordering: outbox.OrderedByKey} }
@@ -261,4 +263,64 @@ func TestOrderedWritersTakeTurns(t *testing.T) {
 	require.NoError(t, tx2.Commit())
 	_, got = claimed(t, b.store, 10)
 	require.Equal(t, []string{p("order-3", 2)}, got)
+}
+
+// TestOrderedClockSkew: two services whose clocks differ by 50ms write
+// events of the same keys one after the other, the second after the first
+// committed. The ids (UUIDv7, from the writers' clocks) say the second came
+// first; the order the database assigned, which the relay keeps, does not.
+func TestOrderedClockSkew(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := amqptest.Conn(t)
+	top := amqptest.Declare(t, conn)
+	log := amqptest.NewOrderLog()
+	amqptest.ConsumeFunc(t, conn, top.Queue, log.Record)
+	cfg := ordered()
+	cfg.Router = outbox.ToExchange(top.Exchange)
+	b := setup(t, cfg)
+	behind, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: b.table, Ordering: outbox.OrderedByKey, Router: cfg.Router})
+	require.NoError(t, err)
+	outbox.SetClock(behind, func() time.Time { return time.Now().Add(-50 * time.Millisecond) })
+
+	const keys = 20
+	for k := range keys {
+		b.addCommitted(t, keyed(fmt.Sprint("order-", k), 1))
+		tx, err := b.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, behind.Add(ctx, tx, keyed(fmt.Sprint("order-", k), 2)))
+		require.NoError(t, tx.Commit())
+	}
+	want := dbtest.IDsByKey(t, b.db, `"`+b.table+`"`)
+	for key, ids := range want {
+		require.Len(t, ids, 2)
+		require.Less(t, ids[1], ids[0], "key %s: the second writer's id is older, by its clock", key)
+	}
+
+	r, err := relay.New(b.store, newPublisher(t), &relay.Config{Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.Eventually(t, func() bool { return b.count(t, "published_at IS NULL") == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, ids := range log.Keys() {
+			n += len(ids)
+		}
+		return n == 2*keys
+	}, 10*time.Second, 10*time.Millisecond)
+	got := log.Keys()
+	for key, ids := range want {
+		require.Equal(t, ids, got[key], "key %s: delivered in the order of writing", key)
+	}
+}
+
+func newPublisher(t *testing.T) *relay.AMQPPublisher {
+	t.Helper()
+	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqptest.URL()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
 }

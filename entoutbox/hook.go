@@ -26,6 +26,11 @@ type Config struct {
 	// event, for example the W3C trace context. Defaults to none.
 	Headers outbox.HeaderFunc
 
+	// Ordering is outbox.OrderedByKey when the relays keep the order of
+	// each key: writers of a key then take turns (see outbox.Store.Add).
+	// It must be the relays' setting. Defaults to outbox.Unordered.
+	Ordering outbox.Ordering
+
 	// Router chooses exchange and routing key. Defaults to
 	// outbox.ToExchange(""), the broker's default exchange.
 	Router outbox.Router
@@ -79,7 +84,7 @@ func New(cfg *Config) (*Outbox, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: cfg.Table, Router: cfg.Router, Headers: cfg.Headers})
+	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: cfg.Table, Router: cfg.Router, Headers: cfg.Headers, Ordering: cfg.Ordering})
 	if err != nil {
 		return nil, fmt.Errorf("entoutbox: %w", err)
 	}

@@ -63,6 +63,11 @@ type Plugin struct {
 	// Defaults to none.
 	Headers outbox.HeaderFunc
 
+	// Ordering is outbox.OrderedByKey when the relays keep the order of
+	// each key: writers of a key then take turns (see outbox.Store.Add).
+	// It must be the relays' setting. Defaults to outbox.Unordered.
+	Ordering outbox.Ordering
+
 	// Router chooses exchange and routing key. Defaults to
 	// outbox.ToExchange(""), the broker's default exchange.
 	Router outbox.Router
@@ -87,7 +92,7 @@ func (p *Plugin) Name() string { return PluginName }
 
 // Initialize registers the plugin's callbacks. db.Use calls it.
 func (p *Plugin) Initialize(db *gorm.DB) error {
-	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: p.Table, Router: p.Router, Headers: p.Headers})
+	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: p.Table, Router: p.Router, Headers: p.Headers, Ordering: p.Ordering})
 	if err != nil {
 		return fmt.Errorf("gormoutbox: %w", err)
 	}

@@ -30,6 +30,12 @@ type testBundle struct {
 
 func setup(t testing.TB, cfg *outbox.StoreConfig, bindingKeys ...string) *testBundle {
 	t.Helper()
+	return setupFunc(t, cfg, nil, bindingKeys...)
+}
+
+// setupFunc is setup whose consumer also calls fn for every delivery.
+func setupFunc(t testing.TB, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bindingKeys ...string) *testBundle {
+	t.Helper()
 	conn := amqptest.Conn(t)
 	top := amqptest.Declare(t, conn, bindingKeys...)
 	if cfg == nil {
@@ -42,7 +48,7 @@ func setup(t testing.TB, cfg *outbox.StoreConfig, bindingKeys ...string) *testBu
 	store, err := outbox.NewStore(db, cfg)
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
-	return &testBundle{db: db, store: store, top: top, consumer: amqptest.Consume(t, conn, top.Queue)}
+	return &testBundle{db: db, store: store, top: top, consumer: amqptest.ConsumeFunc(t, conn, top.Queue, fn)}
 }
 
 // write commits n events, perTx to a transaction, and returns their ids.

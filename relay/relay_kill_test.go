@@ -1,10 +1,10 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,7 +35,11 @@ func TestHelperRelayProcess(t *testing.T) {
 		t.Skip("helper process of TestRelayKilledMidBatch, runs only as its subprocess")
 	}
 	db := dbtest.NewDB(t)
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: os.Getenv("OUTBOX_HELPER_TABLE"), Logger: dbtest.Logger(t)})
+	cfg := &outbox.StoreConfig{Table: os.Getenv("OUTBOX_HELPER_TABLE"), Logger: dbtest.Logger(t)}
+	if os.Getenv("OUTBOX_HELPER_ORDERED") == "1" {
+		cfg.Ordering = outbox.OrderedByKey
+	}
+	store, err := outbox.NewStore(db, cfg)
 	require.NoError(t, err)
 	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqptest.URL()})
 	require.NoError(t, err)
@@ -44,32 +48,44 @@ func TestHelperRelayProcess(t *testing.T) {
 	_ = r.Run(context.Background()) // until SIGKILL
 }
 
+// startRelayProcess runs a relay on table in a process of its own (the
+// test binary again, as TestHelperRelayProcess) and returns a function that
+// SIGKILLs it: no shutdown, no release.
+func startRelayProcess(t *testing.T, table string, ordered bool) (kill func()) {
+	t.Helper()
+	var out dbtest.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "OUTBOX_HELPER_RELAY=1", "OUTBOX_HELPER_TABLE="+table)
+	if ordered {
+		cmd.Env = append(cmd.Env, "OUTBOX_HELPER_ORDERED=1")
+	}
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill() // an error: it had already exited, which the test notices
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(func() {
+		kill()
+		if t.Failed() {
+			t.Logf("relay process output:\n%s", out.String())
+		}
+	})
+	return kill
+}
+
 func TestRelayKilledMidBatch(t *testing.T) {
 	t.Parallel()
 	const n = 3000
 	b := setup(t, nil)
 	b.write(t, n, 500, small)
 
-	var out bytes.Buffer
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "OUTBOX_HELPER_RELAY=1", "OUTBOX_HELPER_TABLE="+b.store.Table())
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	killed := false
-	t.Cleanup(func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		if t.Failed() {
-			t.Logf("relay process output:\n%s", out.String())
-		}
-	})
-
+	kill := startRelayProcess(t, b.store.Table(), false)
 	require.Eventually(t, func() bool { return b.consumer.Distinct() >= 1000 }, time.Minute, 5*time.Millisecond)
-	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no shutdown, no release
-	killed = true
-	_ = cmd.Wait()
+	kill()
 	held := b.count(t, "claim_token IS NOT NULL AND published_at IS NULL")
 	require.Positive(t, held, "the process died holding a claimed batch")
 	delivered := b.consumer.Distinct()

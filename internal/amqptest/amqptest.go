@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -203,6 +204,44 @@ func ConsumeFunc(tb testing.TB, conn *amqp.Connection, queue string, fn func(amq
 		<-c.done
 	})
 	return c
+}
+
+// OrderLog records, for every key (the outbox.KeyHeader of a delivery),
+// the message ids in the order of their first deliveries. Its Record is a
+// ConsumeFunc callback.
+type OrderLog struct {
+	mu    sync.Mutex
+	seen  map[string]bool
+	byKey map[string][]string
+}
+
+// NewOrderLog returns an empty OrderLog.
+func NewOrderLog() *OrderLog {
+	return &OrderLog{seen: make(map[string]bool), byKey: make(map[string][]string)}
+}
+
+// Record notes d if it is the first delivery of its message id.
+func (l *OrderLog) Record(d amqp.Delivery) {
+	key, _ := d.Headers["x-event-key"].(string)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[d.MessageId] {
+		return
+	}
+	l.seen[d.MessageId] = true
+	l.byKey[key] = append(l.byKey[key], d.MessageId)
+}
+
+// Keys returns a copy of the ids of every key in the order of their first
+// deliveries.
+func (l *OrderLog) Keys() map[string][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string][]string, len(l.byKey))
+	for k, ids := range l.byKey {
+		out[k] = slices.Clone(ids)
+	}
+	return out
 }
 
 // Distinct returns how many different message ids arrived.

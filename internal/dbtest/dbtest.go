@@ -214,7 +214,7 @@ func URLWith(tb testing.TB, key, value string) string {
 // db: with a pool other than the writer's, only committed rows show.
 func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
 	tb.Helper()
-	rows, err := db.Query(`SELECT event_type, event_key FROM ` + table + ` ORDER BY id`)
+	rows, err := db.Query(`SELECT event_type, event_key FROM ` + table + ` ORDER BY seq`)
 	if err != nil {
 		tb.Fatalf("dbtest: reading %s: %v", table, err)
 	}
@@ -226,6 +226,29 @@ func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
 			tb.Fatalf("dbtest: reading %s: %v", table, err)
 		}
 		out = append(out, typ+"/"+key)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatalf("dbtest: reading %s: %v", table, err)
+	}
+	return out
+}
+
+// IDsByKey returns the ids of every row of an outbox table with a key, by
+// key, in the order of seq: the order ordered mode keeps.
+func IDsByKey(tb testing.TB, db *sql.DB, table string) map[string][]string {
+	tb.Helper()
+	rows, err := db.Query(`SELECT event_key, id FROM ` + table + ` WHERE event_key <> '' ORDER BY seq`)
+	if err != nil {
+		tb.Fatalf("dbtest: reading %s: %v", table, err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var key, id string
+		if err := rows.Scan(&key, &id); err != nil {
+			tb.Fatalf("dbtest: reading %s: %v", table, err)
+		}
+		out[key] = append(out[key], id)
 	}
 	if err := rows.Err(); err != nil {
 		tb.Fatalf("dbtest: reading %s: %v", table, err)

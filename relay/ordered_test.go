@@ -1,0 +1,172 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/relay"
+)
+
+// requireKeyOrder checks that every key's messages were first delivered in
+// the order of the table (seq), and that all of them were.
+func requireKeyOrder(t *testing.T, b *testBundle, log *amqptest.OrderLog) {
+	t.Helper()
+	want := dbtest.IDsByKey(t, b.db, `"`+b.store.Table()+`"`)
+	got := log.Keys()
+	for key, ids := range want {
+		require.Equal(t, ids, got[key], "key %s: first deliveries out of the order of writing, or missing", key)
+	}
+}
+
+// TestOrderedUnroutableHeadHoldsItsKey: the first message of a key cannot
+// be routed; the later messages of its key are not published while it
+// backs off and after it is parked, other keys flow, and once an operator
+// retries it (the route now bound) or discards it, the key flows in order.
+func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
+	t.Parallel()
+	for _, fix := range []string{"retry", "discard"} {
+		t.Run(fix, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			log := amqptest.NewOrderLog()
+			b := setupFunc(t, &outbox.StoreConfig{
+				Ordering:    outbox.OrderedByKey,
+				MaxAttempts: 3,
+				Backoff:     func(int) time.Duration { return 100 * time.Millisecond },
+			}, log.Record, "ok.#")
+			var evts []outbox.Event
+			for n := range 5 {
+				for k := range 10 {
+					evts = append(evts, outbox.Event{Type: "ok.event", Key: fmt.Sprint("k", k), Payload: []byte(fmt.Sprint(n))})
+				}
+				if n == 0 {
+					evts = append(evts, outbox.Event{Type: "ok.event", Key: "bad", RoutingKey: "nobody.home", Payload: []byte("head")})
+				} else {
+					evts = append(evts, outbox.Event{Type: "ok.event", Key: "bad", Payload: []byte(fmt.Sprint(n))})
+				}
+			}
+			b.write(t, len(evts), 7, func(i int) outbox.Event { return evts[i] })
+			start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond})
+
+			require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return b.consumer.Distinct() == 50 }, 30*time.Second, 10*time.Millisecond)
+			require.EqualValues(t, 1, b.count(t, "parked_at IS NOT NULL AND attempts = 3 AND event_key = 'bad' AND last_error LIKE '%NO_ROUTE%'"))
+			require.EqualValues(t, 4, b.count(t, "event_key = 'bad' AND published_at IS NULL AND parked_at IS NULL AND attempts = 0"),
+				"the key's later messages were never attempted")
+			st, err := b.store.Stats(ctx)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, st.BlockedKeys)
+
+			// While it is parked, the key stays blocked and the others flow.
+			b.write(t, 11, 11, func(i int) outbox.Event {
+				return outbox.Event{Type: "ok.event", Key: []string{"bad", "k1"}[min(i, 1)], Payload: []byte(fmt.Sprint(5 + i))}
+			})
+			require.Eventually(t, func() bool { return b.consumer.Distinct() == 60 }, 30*time.Second, 10*time.Millisecond)
+			require.Empty(t, log.Keys()["bad"], "nothing of the blocked key was published")
+
+			var head string
+			require.NoError(t, b.db.QueryRow(`SELECT id FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&head))
+			if fix == "retry" {
+				ch, err := amqptest.Conn(t).Channel()
+				require.NoError(t, err)
+				require.NoError(t, ch.QueueBind(b.top.Queue, "nobody.home", b.top.Exchange, false, nil))
+				n, err := b.store.Retry(ctx, head)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, n)
+				require.Eventually(t, func() bool { return b.consumer.Distinct() == 66 }, 30*time.Second, 10*time.Millisecond)
+				require.Equal(t, head, log.Keys()["bad"][0])
+				requireKeyOrder(t, b, log)
+			} else {
+				n, err := b.store.Discard(ctx, head)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, n)
+				require.Eventually(t, func() bool { return b.consumer.Distinct() == 65 }, 30*time.Second, 10*time.Millisecond)
+				got := log.Keys()["bad"]
+				require.NotContains(t, got, head)
+				want := dbtest.IDsByKey(t, b.db, `"`+b.store.Table()+`"`)["bad"]
+				require.Equal(t, want[1:], got, "the key's later messages, in order")
+			}
+			require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 10*time.Millisecond)
+		})
+	}
+}
+
+// TestOrderedChaos: four relays on one table, one of them a process killed
+// mid-batch, the broker closing the others' connections, writers writing
+// 20,000 messages over 1,000 keys meanwhile: a single consumer sees every
+// key's messages first delivered in the order they were written, and
+// nothing is lost.
+func TestOrderedChaos(t *testing.T) {
+	t.Parallel()
+	const keys, total, writers = 1000, 20000, 4
+	log := amqptest.NewOrderLog()
+	b := setupFunc(t, &outbox.StoreConfig{Ordering: outbox.OrderedByKey}, log.Record)
+	name := amqptest.Name(t, "relay")
+
+	kill := startRelayProcess(t, b.store.Table(), true)
+	cfg := func() *relay.Config {
+		return &relay.Config{BatchSize: 100, Lease: 3 * time.Second, PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
+	}
+	for range 3 {
+		start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}), cfg())
+	}
+
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := 0; i < total/writers; {
+				tx, err := b.db.BeginTx(ctx, nil)
+				if !assertNoError(t, err) {
+					return
+				}
+				var evts []outbox.Event
+				for j := 0; j < 1+rand.IntN(8) && i < total/writers; j++ {
+					evts = append(evts, outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", rand.IntN(keys)), Payload: []byte(fmt.Sprint(w, "/", i))})
+					i++
+				}
+				if !assertNoError(t, b.store.Add(ctx, tx, evts...)) || !assertNoError(t, tx.Commit()) {
+					return
+				}
+			}
+		}()
+	}
+
+	require.Eventually(t, func() bool { return b.consumer.Distinct() >= total/4 }, time.Minute, 5*time.Millisecond)
+	kill()
+	held := b.count(t, "claim_token IS NOT NULL AND published_at IS NULL")
+	start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}), cfg())
+	closes := 0
+	for round := 1; round <= 2; round++ {
+		at := b.consumer.Distinct()
+		require.Eventually(t, func() bool { return b.consumer.Distinct() >= at+total/8 || b.pending(t) == 0 }, time.Minute, 5*time.Millisecond)
+		closes += amqptest.CloseNamedConnections(t, name)
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == total }, 2*time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
+	requireDelivered(t, b.consumer.IDs(), b.ids(t, ""))
+	requireKeyOrder(t, b, log)
+	t.Logf("%d messages over %d keys by 4 relays: one killed holding %d claimed rows, %d broker connections closed; %d duplicates; every key in order",
+		total, keys, held, closes, b.consumer.Total()-b.consumer.Distinct())
+}
+
+// assertNoError reports err as a test failure from any goroutine.
+func assertNoError(t *testing.T, err error) bool {
+	if err != nil {
+		t.Errorf("%v", err)
+		return false
+	}
+	return true
+}
