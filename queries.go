@@ -181,7 +181,7 @@ WHERE o.id = ANY(ARRAY(
 		ORDER BY c.seq
 		LIMIT $1
 		FOR UPDATE OF c SKIP LOCKED
-	), gaps AS (
+	), gaps AS MATERIALIZED (
 		SELECT p.event_key, min(p.seq) AS gap
 		FROM {table} AS p
 		JOIN (SELECT event_key, max(seq) AS last FROM candidates WHERE event_key <> '' GROUP BY event_key) AS k

@@ -28,9 +28,10 @@ const maxRate = 1_000_000
 
 // benchOptions are the flags of outbox bench.
 type benchOptions struct {
-	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs int
-	rate                                                                      float64
-	notify, noWake                                                            bool
+	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs, keys int
+	published, pending                                                              int
+	rate                                                                            float64
+	notify, noWake, ordered, claims                                                 bool
 }
 
 // cmdBench measures what users of this database and broker get: a relay
@@ -54,6 +55,11 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
+	c.fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many keys, in turn (default 0: a key of its own for each message); with --rate 0 only")
+	c.fs.BoolVar(&o.ordered, "ordered", false, "with --rate 0: measure the relay in ordered mode (outbox.OrderedByKey) too, in the same runs, and compare; with --rate: run the relay in ordered mode")
+	c.fs.BoolVar(&o.claims, "claims", false, "measure claims alone, in both modes, on a table with --pending messages over --keys keys (default 10000), without and with --published rows of history; no broker")
+	c.fs.IntVar(&o.published, "published", 1_000_000, "with --claims: published rows of history")
+	c.fs.IntVar(&o.pending, "pending", 100_000, "with --claims: messages waiting")
 	cpuProfile := c.fs.String("cpuprofile", "", "write a CPU profile of the bench process (writers, relay and consumer) to this file")
 	if err := c.parse(args); err != nil {
 		return err
@@ -79,6 +85,17 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if o.rate < 0 || o.rate > maxRate {
 		return c.usageError("--rate must be between 0 and %d messages per second", maxRate)
 	}
+	if o.claims {
+		if err := c.positive(map[string]int64{"published": int64(o.published), "pending": int64(o.pending)}); err != nil {
+			return err
+		}
+	}
+	if o.keys < 0 {
+		return c.usageError("--keys must not be negative")
+	}
+	if o.keys > 0 && o.rate > 0 {
+		return c.usageError("--keys goes with --rate 0 (the latency runs tell messages apart by their keys)")
+	}
 	if o.ackEvery > o.prefetch {
 		return c.usageError("--ack-every (%d) must not exceed --prefetch (%d), or the consumer stalls", o.ackEvery, o.prefetch)
 	}
@@ -101,10 +118,18 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
+	ordered, err := outbox.NewStore(db, &outbox.StoreConfig{Router: outbox.ToExchange(exchange), Table: c.table, Ordering: outbox.OrderedByKey})
+	if err != nil {
+		return err
+	}
 	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
 		return err
 	}
 	defer db.ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS "`+c.table+`"`) //nolint:errcheck
+	if o.claims {
+		cb := &claimBench{o: o, db: db, table: c.table, stores: []*outbox.Store{store, ordered}, stderr: c.stderr}
+		return cb.run(ctx, c.stdout)
+	}
 
 	conn, err := amqp.Dial(urls[0])
 	if err != nil {
@@ -138,10 +163,13 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
 		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
 
-	bench := &bencher{o: o, db: db, store: store, conn: conn, urls: urls, exchange: exchange, queue: queue, table: c.table,
+	bench := &bencher{o: o, db: db, store: store, orderedStore: ordered, conn: conn, urls: urls, exchange: exchange, queue: queue, table: c.table,
 		payload: []byte(`"` + strings.Repeat("x", max(o.size-2, 0)) + `"`), stderr: c.stderr}
 	if o.rate == 0 {
 		return bench.throughput(ctx, c.stdout)
+	}
+	if o.ordered {
+		bench.store = ordered
 	}
 	return bench.latency(ctx, c.stdout)
 }
@@ -149,7 +177,8 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 type bencher struct {
 	o               benchOptions
 	db              *sql.DB
-	store           *outbox.Store
+	store           *outbox.Store // the writers' and the relay's
+	orderedStore    *outbox.Store // the same table in ordered mode
 	conn            *amqp.Connection
 	urls            []string
 	exchange, queue string
@@ -228,21 +257,39 @@ func (f figure) String() string { return f.format("%.0f", "") }
 func (f figure) median() float64 { return percentile(slices.Sorted(slices.Values(f)), 0.5) }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
-	var broker, relayed figure
+	var broker, relayed, ordered figure
+	var outOfOrder, outOfOrderOrdered int
+	keys := "a key of its own for each"
+	if b.o.keys > 0 {
+		keys = fmt.Sprintf("%d key(s), in turn", b.o.keys)
+	}
 	for run := 1; run <= b.o.runs; run++ {
 		limit, err := b.brokerOnly(ctx)
 		if err != nil {
 			return err
 		}
-		rate, err := b.relayRun(ctx)
+		rate, late, err := b.relayRun(ctx, b.store)
 		if err != nil {
 			return err
 		}
-		broker, relayed = append(broker, limit), append(relayed, rate)
+		broker, relayed, outOfOrder = append(broker, limit), append(relayed, rate), outOfOrder+late
 		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s, relay %.0f msgs/s; relay: %s\n", run, limit, rate, b.phases)
+		if b.o.ordered {
+			rate, late, err := b.relayRun(ctx, b.orderedStore)
+			if err != nil {
+				return err
+			}
+			ordered, outOfOrderOrdered = append(ordered, rate), outOfOrderOrdered+late
+			fmt.Fprintf(b.stderr, "bench: run %d: relay in ordered mode %.0f msgs/s; relay: %s\n", run, rate, b.phases)
+		}
 	}
 	fmt.Fprintf(out, "bench: broker alone (amqp091-go, confirms pipelined, window 1000): %s msgs/s\n", broker)
-	fmt.Fprintf(out, "bench: relay, %d messages written first: %s msgs/s = %.2f × the broker alone\n", b.o.messages, relayed, relayed.median()/broker.median())
+	fmt.Fprintf(out, "bench: relay, %d messages written first over %s; %s msgs/s = %.2f × the broker alone; %d first deliveries out of their key's order\n",
+		b.o.messages, keys, relayed, relayed.median()/broker.median(), outOfOrder)
+	if b.o.ordered {
+		fmt.Fprintf(out, "bench: relay in ordered mode, same messages: %s msgs/s = %.2f × unordered, %.2f × the broker alone; %d first deliveries out of their key's order\n",
+			ordered, ordered.median()/relayed.median(), ordered.median()/broker.median(), outOfOrderOrdered)
+	}
 	return nil
 }
 
@@ -350,15 +397,15 @@ func (b *bencher) brokerOnly(ctx context.Context) (float64, error) {
 
 // startRelay runs a relay with the default configuration (the batch size
 // aside) until the returned function is called.
-func (b *bencher) startRelay(ctx context.Context) (func() relay.Stats, error) {
+func (b *bencher) startRelay(ctx context.Context, st *outbox.Store) (func() relay.Stats, error) {
 	logger := slog.New(slog.NewTextHandler(b.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: b.urls, ConnectionName: "outbox-bench", Logger: logger})
 	if err != nil {
 		return nil, err
 	}
-	var store relay.Store = b.store
+	var store relay.Store = st
 	if b.o.noWake {
-		store = struct{ relay.Store }{b.store} // hides Store.Subscribe
+		store = noWakeups{st, st.Ordering()}
 	}
 	b.phases = &phaseObserver{}
 	r, err := relay.New(store, pub, &relay.Config{Observer: b.phases, BatchSize: b.o.batch, MaxInFlight: b.o.inFlight, Logger: logger})
@@ -371,7 +418,7 @@ func (b *bencher) startRelay(ctx context.Context) (func() relay.Stats, error) {
 	return func() relay.Stats { cancel(); <-done; return r.Stats() }, nil
 }
 
-func (b *bencher) write(ctx context.Context, keys []string) error {
+func (b *bencher) write(ctx context.Context, store *outbox.Store, keys []string) error {
 	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -381,52 +428,68 @@ func (b *bencher) write(ctx context.Context, keys []string) error {
 	for i, k := range keys {
 		evts[i] = outbox.Event{Type: "bench.tick", Key: k, Payload: b.payload}
 	}
-	if err := b.store.Add(ctx, tx, evts...); err != nil {
+	if err := store.Add(ctx, tx, evts...); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}
 	if b.o.notify {
-		b.store.Notify() // what GORM's own transactions do; Add alone wakes before the commit
+		store.Notify() // what GORM's own transactions do; Add alone wakes before the commit
 	}
 	return nil
 }
 
-// relayRun writes the messages, then relays them and returns messages per
-// second from the relay's start to the last delivery.
-func (b *bencher) relayRun(ctx context.Context) (float64, error) {
+// relayRun writes the messages, then relays them with store's mode and
+// returns messages per second from the relay's start to the last delivery,
+// and how many messages were first delivered after a later message of
+// their key. The bench writes from one goroutine, so the ids (UUIDv7,
+// monotonic in a process) follow the order of writing.
+func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, int, error) {
 	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for from := 0; from < b.o.messages; from += b.o.perTx {
 		keys := make([]string, 0, b.o.perTx)
 		for i := from; i < min(from+b.o.perTx, b.o.messages); i++ {
-			keys = append(keys, strconv.Itoa(i))
+			if b.o.keys > 0 {
+				keys = append(keys, "k"+strconv.Itoa(i%b.o.keys))
+			} else {
+				keys = append(keys, strconv.Itoa(i))
+			}
 		}
-		if err := b.write(ctx, keys); err != nil {
-			return 0, err
+		if err := b.write(ctx, store, keys); err != nil {
+			return 0, 0, err
 		}
 	}
-	wait, err := b.consume(ctx, b.o.messages, func(*amqp.Delivery) {})
+	last := make(map[string]string)
+	late := 0
+	wait, err := b.consume(ctx, b.o.messages, func(d *amqp.Delivery) {
+		key, _ := d.Headers[relay.KeyHeader].(string)
+		if d.MessageId < last[key] {
+			late++
+		} else {
+			last[key] = d.MessageId
+		}
+	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	start := time.Now()
-	stop, err := b.startRelay(ctx)
+	stop, err := b.startRelay(ctx, store)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	err = wait()
 	elapsed := time.Since(start)
 	st := stop()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if st.Failed > 0 || st.Released > 0 {
 		fmt.Fprintf(b.stderr, "bench: relay %d failed, %d released\n", st.Failed, st.Released)
 	}
-	return float64(b.o.messages) / elapsed.Seconds(), nil
+	return float64(b.o.messages) / elapsed.Seconds(), late, nil
 }
 
 // latency writes one message per transaction at the configured rate,
@@ -470,7 +533,7 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
 	if err != nil {
 		return nil, err
 	}
-	stop, err := b.startRelay(ctx)
+	stop, err := b.startRelay(ctx, b.store)
 	if err != nil {
 		return nil, err
 	}
@@ -493,7 +556,7 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
 				}
 				next = next.Add(interval)
 				key := strconv.Itoa(i)
-				if err := b.write(ctx, []string{key}); err != nil {
+				if err := b.write(ctx, b.store, []string{key}); err != nil {
 					errs <- err
 					return
 				}
@@ -526,3 +589,11 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
 	}
 	return lat, nil
 }
+
+// noWakeups hides Store.Subscribe from a relay, and keeps the mode.
+type noWakeups struct {
+	relay.Store
+	ordering outbox.Ordering
+}
+
+func (s noWakeups) Ordering() outbox.Ordering { return s.ordering }

@@ -23,6 +23,7 @@ Usage:
   outbox status  [flags]             pending, claimed, parked, oldest pending age
   outbox parked  [flags]             list parked messages with their last errors
   outbox retry   [flags] ID...       re-arm parked messages (--all-parked for all of them)
+  outbox discard [flags] ID...       give up on parked messages, keeping their record
   outbox purge   --older-than 168h   delete published messages older than that
   outbox schema  [flags]             print the table's DDL (--apply creates it)
   outbox bench   [flags]             measure relay throughput and latency on a scratch table
@@ -49,14 +50,15 @@ type cli struct {
 type command func(context.Context, *cli, []string) error
 
 var commands = map[string]command{
-	"relay":  cmdRelay,
-	"status": cmdStatus,
-	"parked": cmdParked,
-	"retry":  cmdRetry,
-	"purge":  cmdPurge,
-	"schema": cmdSchema,
-	"bench":  cmdBench,
-	"inbox":  cmdInbox,
+	"relay":   cmdRelay,
+	"status":  cmdStatus,
+	"parked":  cmdParked,
+	"retry":   cmdRetry,
+	"discard": cmdDiscard,
+	"purge":   cmdPurge,
+	"schema":  cmdSchema,
+	"bench":   cmdBench,
+	"inbox":   cmdInbox,
 }
 
 // run executes one command and returns the process exit code: 0 success

@@ -32,8 +32,12 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
 	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
+	fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
 	if st.Parked > 0 {
 		fmt.Fprintf(w, "\nparked messages need a look: outbox parked --table %s\n", c.table)
+	}
+	if st.BlockedKeys > 0 {
+		fmt.Fprintf(w, "in ordered mode, a key with a parked message is blocked: its later messages wait until it is retried or discarded\n")
 	}
 	return w.Flush()
 }
@@ -61,14 +65,20 @@ func cmdParked(ctx context.Context, x *cli, args []string) error {
 		return nil
 	}
 	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tEVENT TYPE\tATTEMPTS\tPARKED AT\tLAST ERROR")
+	fmt.Fprintln(w, "ID\tEVENT TYPE\tBLOCKED KEY\tATTEMPTS\tPARKED AT\tLAST ERROR")
 	for _, m := range msgs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", m.ID, printable(m.EventType, 60), m.Attempts, m.ParkedAt.UTC().Format(time.RFC3339), printable(m.LastError, 120))
+		key := "-" // no key: blocks nothing
+		if m.Key != "" {
+			key = printable(m.Key, 40)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, printable(m.EventType, 60), key, m.Attempts, m.ParkedAt.UTC().Format(time.RFC3339), printable(m.LastError, 120))
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "\nre-arm with: outbox retry --table %s ID... (or --all-parked)\n", c.table)
+	fmt.Fprintf(c.stdout, "\nin ordered mode each key shown is blocked: its later messages wait until its parked message is retried or discarded\n")
+	fmt.Fprintf(c.stdout, "re-arm with: outbox retry --table %s ID... (or --all-parked)\n", c.table)
+	fmt.Fprintf(c.stdout, "give up with: outbox discard --table %s ID...\n", c.table)
 	return nil
 }
 
@@ -137,6 +147,32 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "re-armed %d parked message(s) of table %s\n", n, c.table)
 	if !*all && int(n) < len(ids) {
+		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
+	}
+	return nil
+}
+
+func cmdDiscard(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("discard", x, outbox.TableDefault)
+	c.positional = "ID..."
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	ids := c.args
+	if len(ids) == 0 {
+		return c.usageError("give the ids of the parked messages to discard (outbox parked lists them)")
+	}
+	db, store, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	n, err := store.Discard(ctx, ids...)
+	if err != nil {
+		return c.explain(err)
+	}
+	fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
+	if int(n) < len(ids) {
 		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
 	}
 	return nil

@@ -5,6 +5,7 @@
 //	outbox status  [flags]            pending, claimed, parked, oldest pending age
 //	outbox parked  [flags]            list parked messages with their last errors
 //	outbox retry   [flags] ID...      re-arm parked messages (--all-parked for all)
+//	outbox discard [flags] ID...      give up on parked messages, keeping their record
 //	outbox purge   --older-than 168h  delete old published messages
 //	outbox schema  [--apply]          print (or create) the table's DDL
 //	outbox bench   [flags]            measure throughput and latency on a scratch table

@@ -49,6 +49,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY (needs `outbox schema --notify`) instead of waiting for the next poll")
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
+	ordered := c.fs.Bool("ordered", false, "keep the order of each key (outbox.OrderedByKey); the table's writers must use ordered mode too")
 	metricsAddr := c.fs.String("metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. :9464 (default: none)")
 	if err := c.parse(args); err != nil {
 		return err
@@ -78,7 +79,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 
-	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, BatchMaxBytes: *batchBytes, Logger: logger})
+	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, BatchMaxBytes: *batchBytes, Logger: logger, Ordering: ordering(*ordered)})
 	if err != nil {
 		return err
 	}
@@ -136,4 +137,12 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	st := r.Stats()
 	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
 	return nil
+}
+
+// ordering turns the --ordered flag into a store's Ordering.
+func ordering(ordered bool) outbox.Ordering {
+	if ordered {
+		return outbox.OrderedByKey
+	}
+	return outbox.Unordered
 }
