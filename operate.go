@@ -40,6 +40,10 @@ type Stats struct {
 	// mode each is blocked: its later messages wait until the parked one
 	// is retried or discarded (Retry, Discard).
 	BlockedKeys int64
+	// Held counts the messages set aside, in ordered mode, behind a
+	// message of their key that failed; they come back when it is
+	// published, retried or discarded.
+	Held int64
 }
 
 // Stats returns counts of the table's messages by state.
@@ -52,7 +56,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		st     Stats
 		oldest float64
 	)
-	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Claimed, &st.Parked, &oldest, &st.PublishedLastHour, &st.BlockedKeys); err != nil {
+	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Claimed, &st.Parked, &oldest, &st.PublishedLastHour, &st.BlockedKeys, &st.Held); err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats of %s: %w", s.t.full, err)
 	}
 	st.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
@@ -94,7 +98,7 @@ func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
 	if err := checkIDs("Retry", ids); err != nil {
 		return 0, err
 	}
-	return s.execCount(ctx, db, "retrying parked messages", s.q.retry, ids)
+	return s.queryCount(ctx, db, "retrying parked messages", s.q.retry, ids)
 }
 
 // Discard gives up on parked messages: they will never be published, and
@@ -115,7 +119,7 @@ func (s *Store) Discard(ctx context.Context, ids ...string) (int64, error) {
 	if err := checkIDs("Discard", ids); err != nil {
 		return 0, err
 	}
-	return s.execCount(ctx, db, "discarding parked messages", s.q.discard, ids)
+	return s.queryCount(ctx, db, "discarding parked messages", s.q.discard, ids)
 }
 
 func checkIDs(op string, ids []string) error {
@@ -134,7 +138,40 @@ func (s *Store) RetryAllParked(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return s.execCount(ctx, db, "retrying parked messages", s.q.retryAll)
+	return s.queryCount(ctx, db, "retrying parked messages", s.q.retryAll)
+}
+
+// queryCount runs a statement that returns a count.
+func (s *Store) queryCount(ctx context.Context, db *sql.DB, what, query string, args ...any) (int64, error) {
+	var n int64
+	if err := db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
+	}
+	return n, nil
+}
+
+// Reconcile keeps the held messages of ordered mode true: it holds the
+// waiting messages of keys whose first unpublished message is parked or
+// backing off (written after it failed), and brings back the held messages
+// of keys whose first message is neither (any more). Holding keeps claims
+// from walking over the messages of blocked keys; what a claim may take is
+// decided by the claim itself, so Reconcile is about speed and never about
+// order. Publishing, retrying and discarding a message bring the messages
+// held behind it back at once; Reconcile is the safety net, and relays in
+// ordered mode call it every second. It returns how many messages it held
+// and brought back.
+func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, 0, err
+	}
+	if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", s.q.hold); err != nil {
+		return 0, 0, err
+	}
+	if unheld, err = s.execCount(ctx, db, "bringing back held messages", s.q.unhold); err != nil {
+		return held, 0, err
+	}
+	return held, unheld, nil
 }
 
 func (s *Store) execCount(ctx context.Context, db *sql.DB, what, query string, args ...any) (int64, error) {

@@ -53,20 +53,54 @@ func TestOrderedClaim(t *testing.T) {
 	_, got = claimed(t, b.store, 10)
 	require.Equal(t, []string{"free"}, got)
 
-	// a1 fails and backs off: a2 and a3 wait behind it; b2, written now, goes.
+	// a1 fails and backs off: a2 and a3 are held behind it; b2, written
+	// now, goes.
 	require.NoError(t, b.store.MarkPublished(ctx, first[1]))
 	require.NoError(t, b.store.MarkFailed(ctx, first[0], "unroutable"))
-	b.addCommitted(t, keyed("b", 2))
+	require.EqualValues(t, 2, b.count(t, "held"))
+	b.addCommitted(t, keyed("b", 2), keyed("a", 4))
 	b2, got := claimed(t, b.store, 10)
 	require.Equal(t, []string{p("b", 2)}, got, "a's messages wait behind a1's backoff (backoff is ~1s)")
 	require.NoError(t, b.store.MarkPublished(ctx, b2...))
 
-	// Once a1 is ready again, a claim takes a1, a2, a3 together, in order.
-	_, err := b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET available_at = now() WHERE published_at IS NULL`)
+	// a4, written after a1 failed, is held by Reconcile.
+	held, unheld, err := b.store.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{1, 0}, [2]int64{held, unheld})
+	st, err := b.store.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, st.Held)
+	require.EqualValues(t, 5, st.Pending, "a1 to a4, and the free message still claimed")
+
+	// Once a1 is ready again, it goes first, alone; publishing it brings
+	// back a2, a3 and a4, which go together, in order.
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET available_at = now() WHERE published_at IS NULL`)
 	require.NoError(t, err)
 	as, got := claimed(t, b.store, 10)
-	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3)}, got)
+	require.Equal(t, []string{p("a", 1)}, got)
 	require.Equal(t, 1, as[0].Attempts)
+	require.NoError(t, b.store.MarkPublished(ctx, as...))
+	require.Zero(t, b.count(t, "held"))
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 2), p("a", 3), p("a", 4)}, got)
+}
+
+// TestOrderedReconcileBringsBackStrays: messages left held with nothing
+// blocking them (a bring-back that failed) come back on Reconcile.
+func TestOrderedReconcileBringsBackStrays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ordered())
+	b.addCommitted(t, keyed("a", 1), keyed("a", 2), keyed("b", 1))
+	_, err := b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET held = true WHERE event_key = 'a'`)
+	require.NoError(t, err)
+	_, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("b", 1)}, got)
+	held, unheld, err := b.store.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{0, 2}, [2]int64{held, unheld})
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1), p("a", 2)}, got)
 }
 
 func TestOrderedParkRetryDiscard(t *testing.T) {

@@ -8,35 +8,72 @@ type queries struct {
 	claim, markPublished, release, markFailed string
 	pending, stats, parked, retry, retryAll   string
 	purge, purgeable, gauges, discard, lock   string
+	hold, unhold                              string
 }
 
 const messageColumns = `o.id, coalesce(o.seq, 0), o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
 	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at`
 
+// A waiting message is in exactly one of three partial indexes: the claim
+// index (neither parked nor held), the held index, the parked index. The
+// counts below add them up, each from its own index.
+const (
+	waiting = `published_at IS NULL AND parked_at IS NULL AND NOT held`
+	held    = `held AND published_at IS NULL AND parked_at IS NULL`
+	parked  = `published_at IS NULL AND parked_at IS NOT NULL`
+)
+
+// unheldCTE, appended to a statement whose CTE "changed" returns the
+// event_key of the messages it published, re-armed or discarded, brings
+// back the held messages of those keys: the message that blocked them is
+// out of the way.
+const unheldCTE = `, unheld AS (
+	UPDATE {table} SET held = false
+	WHERE {held} AND event_key IN (SELECT event_key FROM changed WHERE event_key <> '')
+	  AND id NOT IN (SELECT id FROM changed)
+)`
+
+// heldKeys lists the keys that have held messages, one index probe per key
+// (a loose index scan: the held index has many rows of few keys).
+const heldKeys = `RECURSIVE held_keys AS (
+	(SELECT event_key FROM {table} WHERE {held} ORDER BY event_key LIMIT 1)
+	UNION ALL
+	SELECT (SELECT event_key FROM {table} WHERE {held} AND event_key > k.event_key ORDER BY event_key LIMIT 1)
+	FROM held_keys AS k WHERE k.event_key IS NOT NULL
+)`
+
+// headOf is the first unpublished message of the key of the row named
+// k0: the one ordered mode publishes next.
+const headOf = `(SELECT h.id, h.seq, h.held, h.parked_at, h.available_at, h.claimed_until FROM {table} AS h
+	WHERE h.event_key = k0.event_key AND h.published_at IS NULL AND h.event_key <> ''
+	ORDER BY h.seq LIMIT 1)`
+
+// failing says that the head (h) is parked or backing off after a failure.
+const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.available_at > now())`
+
 func newQueries(t table, ordered bool) queries {
-	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns, "{name}", t.full)
-	claim := r.Replace(claimSQL)
-	if ordered {
-		claim = r.Replace(orderedClaimSQL)
-	}
-	return queries{
-		claim: claim,
+	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
+		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing)
+	// Nested texts are replaced in two steps.
+	r2 := func(q string) string { return r.Replace(r.Replace(q)) }
+	q := queries{
+		claim: r2(claimSQL),
 
 		// Fenced by the claim token: one statement per claim (a relay
 		// settles the messages of one claim together). The id = ANY
 		// condition keeps even a generic plan, cached while the table was
 		// small, on the primary key.
-		markPublished: r.Replace(`UPDATE {table}
+		markPublished: r2(`UPDATE {table}
 SET published_at = now(), claimed_until = NULL, claim_token = NULL
 WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
 RETURNING id`),
 
-		release: r.Replace(`UPDATE {table}
+		release: r2(`UPDATE {table}
 SET claimed_until = NULL, claim_token = NULL
 WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
 RETURNING id`),
 
-		markFailed: r.Replace(`UPDATE {table}
+		markFailed: r2(`UPDATE {table}
 SET attempts = attempts + 1,
     last_error = $3,
     claimed_until = NULL,
@@ -46,71 +83,148 @@ SET attempts = attempts + 1,
 WHERE id = $1::uuid AND claim_token = $2::uuid AND published_at IS NULL
 RETURNING attempts, parked_at IS NOT NULL`),
 
-		// Two counts, each answered by its own partial index.
-		pending: r.Replace(`SELECT
-	(SELECT count(*) FROM {table} WHERE published_at IS NULL AND parked_at IS NULL) +
-	(SELECT count(*) FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL)`),
+		pending: r2(`SELECT
+	(SELECT count(*) FROM {table} WHERE {waiting}) +
+	(SELECT count(*) FROM {table} WHERE {held}) +
+	(SELECT count(*) FROM {table} WHERE {parked})`),
 
-		stats: r.Replace(`WITH live AS (
+		stats: r2(`WITH live AS (
 	SELECT count(*) AS n,
 	       count(*) FILTER (WHERE claimed_until > now()) AS claimed,
 	       min(created_at) AS oldest
-	FROM {table} WHERE published_at IS NULL AND parked_at IS NULL
+	FROM {table} WHERE {waiting}
+), held AS (
+	SELECT count(*) AS n FROM {table} WHERE {held}
 ), parked AS (
 	SELECT count(*) AS n, min(created_at) AS oldest
-	FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL
+	FROM {table} WHERE {parked}
 )
-SELECT live.n + parked.n, live.claimed, parked.n,
+SELECT live.n + held.n + parked.n, live.claimed, parked.n,
        coalesce(extract(epoch FROM now() - least(live.oldest, parked.oldest))::float8, 0),
        (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour' AND discarded_at IS NULL),
-       (SELECT count(DISTINCT event_key) FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL AND event_key <> '')
-FROM live, parked`),
+       (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> ''),
+       held.n
+FROM live, held, parked`),
 
-		parked: r.Replace(`SELECT {columns} FROM {table} AS o
-WHERE published_at IS NULL AND parked_at IS NOT NULL
+		parked: r2(`SELECT {columns} FROM {table} AS o
+WHERE {parked}
 ORDER BY parked_at DESC, id
 LIMIT $1`),
 
-		retry: r.Replace(`UPDATE {table}
-SET parked_at = NULL, attempts = 0, available_at = now()
-WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL AND published_at IS NULL`),
+		// Re-arming or discarding a parked message brings back the
+		// messages held behind it.
+		retry: r2(`WITH changed AS (
+	UPDATE {table}
+	SET parked_at = NULL, attempts = 0, available_at = now()
+	WHERE id = ANY($1::uuid[]) AND {parked}
+	RETURNING id, event_key
+){unheld}
+SELECT count(*) FROM changed`),
 
-		retryAll: r.Replace(`UPDATE {table}
-SET parked_at = NULL, attempts = 0, available_at = now()
-WHERE parked_at IS NOT NULL AND published_at IS NULL`),
-
-		// Each part is answered by a partial index: the claim index
-		// (unpublished, unparked rows, by id: the oldest first) and the
-		// parked index. The counts stop at $1.
-		gauges: r.Replace(`SELECT
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) AS p),
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL AND parked_at IS NOT NULL LIMIT $1) AS k),
-	coalesce(extract(epoch FROM now() - (
-		SELECT created_at FROM {table} WHERE published_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT 1))::float8, 0)`),
+		retryAll: r2(`WITH changed AS (
+	UPDATE {table}
+	SET parked_at = NULL, attempts = 0, available_at = now()
+	WHERE {parked}
+	RETURNING id, event_key
+){unheld}
+SELECT count(*) FROM changed`),
 
 		// Only parked messages can be given up on. The row stays, with its
 		// attempts and last error; published_at takes it out of the
 		// outbox's work (and, in ordered mode, unblocks its key) and lets
 		// it be purged with the published history.
-		discard: r.Replace(`UPDATE {table}
-SET published_at = now(), discarded_at = now()
-WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL AND published_at IS NULL`),
+		discard: r2(`WITH changed AS (
+	UPDATE {table}
+	SET published_at = now(), discarded_at = now()
+	WHERE id = ANY($1::uuid[]) AND {parked}
+	RETURNING id, event_key
+){unheld}
+SELECT count(*) FROM changed`),
+
+		// Each part is answered by a partial index. The counts stop at $1.
+		gauges: r2(`SELECT
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} LIMIT $1) AS p) +
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
+	coalesce(extract(epoch FROM now() - (
+		SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1))::float8, 0)`),
+
+		purgeable: r2(`SELECT count(*) FROM {table}
+WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),
+
+		purge: r2(`DELETE FROM {table} WHERE id IN (
+	SELECT id FROM {table}
+	WHERE published_at IS NOT NULL AND published_at < $1
+	ORDER BY published_at
+	LIMIT $2
+)`),
 
 		// Ordered mode: writers of one key take turns (see Store.Add). The
 		// keys arrive sorted, so that two transactions locking the same
 		// keys take them in the same order.
 		lock: `SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || k, 0))) FROM unnest($2::text[]) AS k`,
 
-		purgeable: r.Replace(`SELECT count(*) FROM {table}
-WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),
+		// Ordered mode, Store.Reconcile: hold the waiting messages of keys
+		// whose head is failing, found among the keys with held or parked
+		// messages. The head is locked FOR SHARE: a head published,
+		// re-armed or discarded meanwhile is re-read and no longer counts,
+		// and one changed after this commits is changed after the hold,
+		// and brings the messages back.
+		hold: r2(`WITH {held_keys}, keys AS (
+	SELECT event_key FROM held_keys WHERE event_key IS NOT NULL
+	UNION
+	SELECT DISTINCT event_key FROM {table} WHERE {parked} AND event_key <> ''
+), failing AS (
+	SELECT f.event_key, f.seq FROM {table} AS f
+	WHERE f.id IN (SELECT head.id FROM keys AS k0, LATERAL ` + headOf + ` AS head WHERE {failing})
+	  AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.available_at > now())
+	FOR SHARE OF f
+)
+UPDATE {table} AS r SET held = true
+FROM failing
+WHERE r.event_key = failing.event_key AND r.event_key <> '' AND {waiting}
+  AND r.seq > greatest(failing.seq, (SELECT max(l.seq) FROM {table} AS l WHERE l.event_key = failing.event_key AND l.{held}))`),
 
-		purge: r.Replace(`DELETE FROM {table} WHERE id IN (
-	SELECT id FROM {table}
-	WHERE published_at IS NOT NULL AND published_at < $1
-	ORDER BY published_at
-	LIMIT $2
-)`),
+		// Ordered mode, Store.Reconcile: bring back the held messages of
+		// keys whose head is not failing (any more).
+		unhold: r2(`WITH {held_keys}, free AS MATERIALIZED (
+	SELECT k0.event_key FROM held_keys AS k0
+	WHERE k0.event_key IS NOT NULL
+	  AND NOT EXISTS (SELECT 1 FROM ` + headOf + ` AS head WHERE {failing})
+)
+UPDATE {table} AS r SET held = false
+FROM free
+WHERE r.event_key = free.event_key AND r.{held}`),
 	}
+	if ordered {
+		q.claim = r2(orderedClaimSQL)
+		// A message published brings back the messages held behind it.
+		q.markPublished = r2(`WITH changed AS (
+	UPDATE {table}
+	SET published_at = now(), claimed_until = NULL, claim_token = NULL
+	WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
+	RETURNING id, event_key
+){unheld}
+SELECT id FROM changed`)
+		// A message that failed holds the later messages of its key.
+		q.markFailed = r2(`WITH failed AS (
+	UPDATE {table}
+	SET attempts = attempts + 1,
+	    last_error = $3,
+	    claimed_until = NULL,
+	    claim_token = NULL,
+	    available_at = now() + $4::bigint * interval '1 microsecond',
+	    parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+	WHERE id = $1::uuid AND claim_token = $2::uuid AND published_at IS NULL
+	RETURNING attempts, parked_at IS NOT NULL AS parked, event_key, seq
+), holding AS (
+	UPDATE {table} AS r SET held = true
+	FROM failed
+	WHERE failed.event_key <> '' AND r.event_key = failed.event_key AND r.event_key <> '' AND r.seq > failed.seq AND {waiting}
+)
+SELECT attempts, parked FROM failed`)
+	}
+	return q
 }
 
 // claimSQL is the claim of the unordered mode. One statement. The subquery
@@ -131,7 +245,7 @@ WHERE o.id = ANY(ARRAY(
 		FROM (
 			SELECT id, seq, octet_length(payload)::bigint + pg_column_size(headers) AS size
 			FROM {table}
-			WHERE published_at IS NULL AND parked_at IS NULL
+			WHERE {waiting}
 			  AND available_at <= now()
 			  AND (claimed_until IS NULL OR claimed_until <= now())
 			ORDER BY seq
@@ -167,7 +281,7 @@ WHERE o.id = ANY(ARRAY(
 	WITH candidates AS MATERIALIZED (
 		SELECT c.id, c.event_key, c.seq, octet_length(c.payload)::bigint + pg_column_size(c.headers) AS size
 		FROM {table} AS c
-		WHERE c.published_at IS NULL AND c.parked_at IS NULL
+		WHERE c.published_at IS NULL AND c.parked_at IS NULL AND NOT c.held
 		  AND c.available_at <= now()
 		  AND (c.claimed_until IS NULL OR c.claimed_until <= now())
 		  AND (c.event_key = '' OR NOT EXISTS (
@@ -182,13 +296,14 @@ WHERE o.id = ANY(ARRAY(
 		LIMIT $1
 		FOR UPDATE OF c SKIP LOCKED
 	), gaps AS MATERIALIZED (
-		SELECT p.event_key, min(p.seq) AS gap
-		FROM {table} AS p
-		JOIN (SELECT event_key, max(seq) AS last FROM candidates WHERE event_key <> '' GROUP BY event_key) AS k
-		  ON p.event_key = k.event_key AND p.seq < k.last
-		WHERE p.published_at IS NULL AND p.event_key <> ''
-		  AND NOT EXISTS (SELECT 1 FROM candidates AS x WHERE x.id = p.id)
-		GROUP BY p.event_key
+		SELECT k.event_key, g.seq AS gap
+		FROM (SELECT event_key, max(seq) AS last FROM candidates WHERE event_key <> '' GROUP BY event_key) AS k
+		CROSS JOIN LATERAL (
+			SELECT p.seq FROM {table} AS p
+			WHERE p.event_key = k.event_key AND p.event_key <> '' AND p.published_at IS NULL AND p.seq < k.last
+			  AND NOT EXISTS (SELECT 1 FROM candidates AS x WHERE x.id = p.id)
+			ORDER BY p.seq
+			LIMIT 1) AS g
 	)
 	SELECT id FROM (
 		SELECT id, sum(size) OVER (ORDER BY seq) - size AS before

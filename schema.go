@@ -112,16 +112,18 @@ CREATE INDEX IF NOT EXISTS "{name}_published_idx" ON {table} (published_at)
 // orderSQL is the second version of the table (migration 000002): a
 // database-assigned order of the messages, seq, that claims follow and that
 // ordered mode (StoreConfig.Ordering) keeps per key; the record of
-// discarded messages; and the indexes on seq. Run on a table of the first
-// version it upgrades it without rewriting it: the new columns have no
-// default for the rows already there, and only the rows not yet published
-// are numbered, in the order of their ids. CREATE INDEX reads the whole
-// table: on a large one, create the two indexes CONCURRENTLY first.
+// discarded messages; the held messages of blocked keys; and the indexes.
+// Run on a table of the first version it upgrades it without rewriting it
+// (seq has no default for the rows already there, held a constant one), and
+// only the rows not yet published are numbered, in the order of their ids.
+// CREATE INDEX reads the whole table: on a large one, create the indexes
+// CONCURRENTLY first. Writers need USAGE on the new sequence.
 func (t table) orderSQL() string {
 	r := strings.NewReplacer("{table}", t.quoted, "{seq}", t.qualified(t.name+"_seq"),
 		"{seqname}", strings.ReplaceAll(t.qualified(t.name+"_seq"), "'", "''"), "{claim_idx}", t.qualified(t.name+"_claim_idx"), "{name}", t.name)
 	return r.Replace(`-- The order the database assigns to messages as they are written: claims
--- follow it, and ordered mode keeps it per key.
+-- follow it, and ordered mode keeps it per key. The roles that write events
+-- need USAGE on the sequence (GRANT USAGE ON SEQUENCE ... TO ...).
 CREATE SEQUENCE IF NOT EXISTS {seq};
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER TABLE {table} ALTER COLUMN seq SET DEFAULT nextval('{seqname}');
@@ -131,6 +133,11 @@ ALTER SEQUENCE {seq} OWNED BY {table}.seq;
 -- kept, with its attempts and last error.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS discarded_at timestamptz;
 
+-- Ordered mode sets aside the messages of a key whose first message failed
+-- (held), so that claims do not walk over them until it is published,
+-- retried or discarded.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS held boolean NOT NULL DEFAULT false;
+
 -- Rows written before this version that are still to be published take
 -- their order from their time-ordered ids, before every later row.
 UPDATE {table} AS o SET seq = n.seq
@@ -139,25 +146,33 @@ FROM (SELECT id, nextval('{seqname}') AS seq
 WHERE o.id = n.id;
 
 -- Claims walk this index, in the order of seq: it holds only rows that are
--- neither published nor parked, so published history does not slow them.
+-- neither published, nor parked, nor held, so that neither published
+-- history nor the messages of blocked keys slow them down.
 DROP INDEX IF EXISTS {claim_idx};
 CREATE INDEX IF NOT EXISTS "{name}_claim_seq_idx" ON {table} (seq)
-    WHERE published_at IS NULL AND parked_at IS NULL;
+    WHERE published_at IS NULL AND parked_at IS NULL AND NOT held;
 
 -- Ordered mode finds the first unpublished message of a key here.
 CREATE INDEX IF NOT EXISTS "{name}_key_idx" ON {table} (event_key, seq)
     WHERE published_at IS NULL AND event_key <> '';
+
+-- The held messages, by key.
+CREATE INDEX IF NOT EXISTS "{name}_held_idx" ON {table} (event_key, seq)
+    WHERE held AND published_at IS NULL AND parked_at IS NULL;
 `)
 }
 
 // dropOrderSQL undoes orderSQL (the down migration of 000002).
 func (t table) dropOrderSQL() string {
 	r := strings.NewReplacer("{table}", t.quoted, "{claim_idx}", t.qualified(t.name+"_claim_idx"),
-		"{seq_idx}", t.qualified(t.name+"_claim_seq_idx"), "{key_idx}", t.qualified(t.name+"_key_idx"), "{seq}", t.qualified(t.name+"_seq"))
+		"{seq_idx}", t.qualified(t.name+"_claim_seq_idx"), "{key_idx}", t.qualified(t.name+"_key_idx"),
+		"{held_idx}", t.qualified(t.name+"_held_idx"), "{seq}", t.qualified(t.name+"_seq"))
 	return r.Replace(`CREATE INDEX IF NOT EXISTS "` + t.name + `_claim_idx" ON {table} (id)
     WHERE published_at IS NULL AND parked_at IS NULL;
 DROP INDEX IF EXISTS {seq_idx};
 DROP INDEX IF EXISTS {key_idx};
+DROP INDEX IF EXISTS {held_idx};
+ALTER TABLE {table} DROP COLUMN IF EXISTS held;
 ALTER TABLE {table} DROP COLUMN IF EXISTS discarded_at;
 ALTER TABLE {table} DROP COLUMN IF EXISTS seq;
 DROP SEQUENCE IF EXISTS {seq};

@@ -591,9 +591,9 @@ func TestTableNames(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, msgs, 2)
 		require.EqualValues(t, 2, dbtest.Count(t, db, "SELECT count(*) FROM "+table))
-		// claim_seq, key, parked, published: the upgrade dropped the first
+		// claim_seq, key, held, parked, published: the upgrade dropped the first
 		// version's claim index in the table's schema.
-		require.EqualValues(t, 4, dbtest.Count(t, db, "SELECT count(*) FROM pg_indexes WHERE schemaname || '.' || tablename = $1 AND indexname LIKE 'outbox\\_%\\_idx'", table))
+		require.EqualValues(t, 5, dbtest.Count(t, db, "SELECT count(*) FROM pg_indexes WHERE schemaname || '.' || tablename = $1 AND indexname LIKE 'outbox\\_%\\_idx'", table))
 		require.Zero(t, dbtest.Count(t, db, "SELECT count(*) FROM pg_indexes WHERE schemaname || '.' || tablename = $1 AND indexname = 'outbox_claim_idx'", table))
 	})
 }

@@ -5,6 +5,8 @@ CREATE INDEX IF NOT EXISTS "outbox_claim_idx" ON "outbox" (id)
     WHERE published_at IS NULL AND parked_at IS NULL;
 DROP INDEX IF EXISTS "outbox_claim_seq_idx";
 DROP INDEX IF EXISTS "outbox_key_idx";
+DROP INDEX IF EXISTS "outbox_held_idx";
+ALTER TABLE "outbox" DROP COLUMN IF EXISTS held;
 ALTER TABLE "outbox" DROP COLUMN IF EXISTS discarded_at;
 ALTER TABLE "outbox" DROP COLUMN IF EXISTS seq;
 DROP SEQUENCE IF EXISTS "outbox_seq";

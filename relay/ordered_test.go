@@ -60,8 +60,8 @@ func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
 			require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 10*time.Millisecond)
 			require.Eventually(t, func() bool { return b.consumer.Distinct() == 50 }, 30*time.Second, 10*time.Millisecond)
 			require.EqualValues(t, 1, b.count(t, "parked_at IS NOT NULL AND attempts = 3 AND event_key = 'bad' AND last_error LIKE '%NO_ROUTE%'"))
-			require.EqualValues(t, 4, b.count(t, "event_key = 'bad' AND published_at IS NULL AND parked_at IS NULL AND attempts = 0"),
-				"the key's later messages were never attempted")
+			require.EqualValues(t, 4, b.count(t, "event_key = 'bad' AND published_at IS NULL AND parked_at IS NULL AND attempts = 0 AND held"),
+				"the key's later messages were never attempted, and are held")
 			st, err := b.store.Stats(ctx)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, st.BlockedKeys)

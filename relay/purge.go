@@ -6,12 +6,13 @@ import (
 	"time"
 )
 
-// purgeLoop purges at once and then every PurgeInterval until ctx ends.
-func (r *Relay) purgeLoop(ctx context.Context) {
-	tick := time.NewTicker(r.cfg.PurgeInterval)
+// every runs f at once and then every interval until ctx ends: the
+// relay's work beside the loop (purging, reconciling held messages).
+func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		r.purge(ctx)
+		f(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -28,5 +29,25 @@ func (r *Relay) purge(ctx context.Context) {
 		r.logger.ErrorContext(ctx, "relay: Purging published messages failed", slog.String("error", err.Error()))
 	case n > 0:
 		r.logger.InfoContext(ctx, "relay: Purged published messages", slog.Int64("num_purged", n), slog.Duration("older_than", r.cfg.PurgeAfter))
+	}
+}
+
+// Reconciler is implemented by stores that set aside the messages of
+// blocked keys in ordered mode; *outbox.Store does. A relay in ordered mode
+// calls Reconcile every second.
+type Reconciler interface {
+	Reconcile(ctx context.Context) (held, unheld int64, err error)
+}
+
+// reconcileInterval is how often a relay in ordered mode reconciles.
+const reconcileInterval = time.Second
+
+func (r *Relay) reconcile(ctx context.Context) {
+	held, unheld, err := r.store.(Reconciler).Reconcile(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		r.logger.WarnContext(ctx, "relay: Reconciling held messages failed", slog.String("error", err.Error()))
+	case held > 0 || unheld > 0:
+		r.logger.DebugContext(ctx, "relay: Reconciled held messages", slog.Int64("num_held", held), slog.Int64("num_unheld", unheld))
 	}
 }

@@ -29,15 +29,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Bool("ordered", r.ordered))
 
-	// Purging runs beside the loop: deleting millions of old rows must not
-	// hold up publishing.
+	// Purging and reconciling run beside the loop: deleting millions of old
+	// rows must not hold up publishing.
 	var purges sync.WaitGroup
 	purgeCtx, stopPurging := context.WithCancel(ctx)
 	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
 		purges.Add(1)
 		go func() {
 			defer purges.Done()
-			r.purgeLoop(purgeCtx)
+			every(purgeCtx, r.cfg.PurgeInterval, r.purge)
+		}()
+	}
+	if _, ok := r.store.(Reconciler); ok && r.ordered {
+		purges.Add(1)
+		go func() {
+			defer purges.Done()
+			every(purgeCtx, reconcileInterval, r.reconcile)
 		}()
 	}
 	defer purges.Wait()
