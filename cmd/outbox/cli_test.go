@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,6 +138,62 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 
 // TestRelayDaemon builds the command, runs `outbox relay` as its own
 // process, and stops it with SIGTERM.
+// TestOrderedOperatorCommands: a key blocked by its parked first message
+// shows in status and parked, and discard unblocks it, keeping the record.
+func TestOrderedOperatorCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1, Ordering: outbox.OrderedByKey, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "order.placed", Key: "order-7"}, outbox.Event{Type: "order.shipped", Key: "order-7"}, outbox.Event{Type: "free"}))
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 3)
+	require.NoError(t, store.MarkFailed(ctx, msgs[0], "NO_ROUTE"))
+	require.NoError(t, store.MarkFailed(ctx, msgs[2], "NO_ROUTE"))
+	require.NoError(t, store.Release(ctx, msgs[1]))
+
+	code, out, _ := outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `blocked keys\s+1\n`, out)
+	require.Contains(t, out, "in ordered mode, a key with a parked message is blocked")
+	code, out, _ = outboxCmd(t, nil, "parked", "--table", table)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `ID\s+EVENT TYPE\s+BLOCKED KEY\s+ATTEMPTS`, out)
+	require.Regexp(t, msgs[0].ID+`\s+order.placed\s+order-7\s+1\s`, out)
+	require.Regexp(t, msgs[2].ID+`\s+free\s+-\s+1\s`, out, "a message without a key blocks nothing")
+	require.Contains(t, out, "outbox discard --table "+table+" ID...")
+
+	claimed, err := store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, claimed, "order.shipped waits behind the parked order.placed")
+	code, out, _ = outboxCmd(t, nil, "discard", "--table", table, msgs[0].ID, msgs[1].ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "discarded 1 parked message(s) of table "+table)
+	require.Contains(t, out, "1 id(s) were not parked messages")
+	claimed, err = store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, "order.shipped", claimed[0].EventType)
+	require.EqualValues(t, 1, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE discarded_at IS NOT NULL AND last_error = 'NO_ROUTE'`))
+	code, out, _ = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `blocked keys\s+0\n`, out)
+
+	code, _, errOut := outboxCmd(t, nil, "discard", "--table", table)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "give the ids of the parked messages")
+	code, _, errOut = outboxCmd(t, nil, "discard", "--table", table, "nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `"nope" is not a message id`)
+}
+
 func TestRelayDaemon(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -147,10 +204,11 @@ func TestRelayDaemon(t *testing.T) {
 
 	conn := amqptest.Conn(t)
 	top := amqptest.Declare(t, conn)
-	consumer := amqptest.Consume(t, conn, top.Queue)
+	order := amqptest.NewOrderLog()
+	consumer := amqptest.ConsumeFunc(t, conn, top.Queue, order.Record)
 	db := dbtest.DB(t)
 	table := dbtest.Table(t)
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange)})
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange), Ordering: outbox.OrderedByKey})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
 	write := func(n int) {
@@ -158,7 +216,7 @@ func TestRelayDaemon(t *testing.T) {
 		require.NoError(t, err)
 		evts := make([]outbox.Event, n)
 		for i := range evts {
-			evts[i] = outbox.Event{Type: "order.placed"}
+			evts[i] = outbox.Event{Type: "order.placed", Key: fmt.Sprint("order-", i%7)}
 		}
 		require.NoError(t, store.Add(ctx, tx, evts...))
 		require.NoError(t, tx.Commit())
@@ -166,7 +224,7 @@ func TestRelayDaemon(t *testing.T) {
 	write(300)
 
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(bin, "relay", "--table", table, "--poll-interval", "20ms")
+	cmd := exec.Command(bin, "relay", "--table", table, "--poll-interval", "20ms", "--ordered")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())
@@ -180,6 +238,11 @@ func TestRelayDaemon(t *testing.T) {
 	require.NoError(t, cmd.Wait(), "exit 0 on SIGTERM; stderr:\n%s", stderr.String())
 	require.Contains(t, stdout.String(), "relay stopped: 500 published")
 	require.Contains(t, stderr.String(), "relay: Stopped")
+	require.Contains(t, stderr.String(), "ordered=true")
+	got := order.Keys()
+	for key, ids := range dbtest.IDsByKey(t, db, `"`+table+`"`) {
+		require.Equal(t, ids, got[key], "key %s in the order of writing", key)
+	}
 	require.NotContains(t, stderr.String(), "guest:guest", "no credentials in logs")
 	require.Zero(t, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE published_at IS NULL OR claim_token IS NOT NULL`))
 	require.False(t, strings.Contains(stderr.String(), "level=ERROR"), stderr.String())
@@ -192,7 +255,14 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `bench: \d+ cores, go\S+, PostgreSQL \d+.*RabbitMQ \d+\.\d+\.\d+; 256-byte persistent messages, durable queue`, out)
 	require.Regexp(t, `broker alone \(amqp091-go, confirms pipelined, window 1000\): \d+ \[\d+–\d+\] msgs/s`, out)
-	require.Regexp(t, `relay, 400 messages written first: \d+ \[\d+–\d+\] msgs/s = \d+\.\d+ × the broker alone`, out)
+	require.Regexp(t, `relay, 400 messages written first over a key of its own for each; \d+ \[\d+–\d+\] msgs/s = \d+\.\d+ × the broker alone; 0 first deliveries out of their key's order`, out)
+	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "300", "--keys", "3", "--ordered", "--runs", "1")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `relay in ordered mode, same messages: \d+ \[\d+–\d+\] msgs/s = \d+\.\d+ × unordered, \d+\.\d+ × the broker alone; 0 first deliveries out of their key's order`, out)
+	code, out, errOut = outboxCmd(t, vars, "bench", "--claims", "--published", "1000", "--pending", "2500", "--batch-size", "10", "--keys", "100")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `unordered: no history \S+ ms \[\S+\]; 1000 published rows \S+ ms \[\S+\]; ratio \d+\.\d+`, out)
+	require.Regexp(t, `ordered by key: no history \S+ ms \[\S+\]; 1000 published rows \S+ ms \[\S+\]; ratio \d+\.\d+`, out)
 	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--writers", "2", "--runs", "1")
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `commit to consume at 200 msgs/s, 2 writer\(s\), one message per transaction: p50 \S+ ms \[\S+\], p90 \S+ ms \[\S+\], p99 \S+ ms \[\S+\], max`, out)
