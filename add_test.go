@@ -238,6 +238,7 @@ func TestGauges(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 3, g.Pending)
 	require.EqualValues(t, 1, g.Parked)
+	require.EqualValues(t, 1, g.BlockedKeys, "the parked message's key")
 	require.InDelta(t, time.Hour.Seconds(), g.OldestPendingAge.Seconds(), 60)
 
 	g, err = b.store.Gauges(ctx, 2)

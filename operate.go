@@ -291,12 +291,16 @@ type Gauges struct {
 	// OldestPendingAge is how long the oldest pending message has been
 	// waiting, by the database clock; zero when none is.
 	OldestPendingAge time.Duration
+	// BlockedKeys counts the keys of parked messages, among the first
+	// limit parked messages: in ordered mode, the keys whose later
+	// messages wait for an operator.
+	BlockedKeys int64
 }
 
 // Gauges returns the table's pending and parked counts, each stopping at
-// limit (GaugesLimitDefault when limit < 1), and the age of the oldest
-// pending message. It reads only the claim and parked partial indexes,
-// never the published rows.
+// limit (GaugesLimitDefault when limit < 1), the age of the oldest
+// pending message and the keys blocked by parked messages. It reads only
+// the claim, held and parked partial indexes, never the published rows.
 func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -307,7 +311,7 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	}
 	g := Gauges{Limit: limit}
 	var oldest float64
-	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Pending, &g.Parked, &oldest); err != nil {
+	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Pending, &g.Parked, &oldest, &g.BlockedKeys); err != nil {
 		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
 	}
 	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)

@@ -147,7 +147,8 @@ SELECT count(*) FROM changed`),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
 	coalesce(extract(epoch FROM now() - (
-		SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1))::float8, 0)`),
+		SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1))::float8, 0),
+	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b)`),
 
 		purgeable: r2(`SELECT count(*) FROM {table}
 WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),

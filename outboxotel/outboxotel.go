@@ -46,8 +46,9 @@ type Config struct {
 	// (otel.GetMeterProvider()).
 	MeterProvider metric.MeterProvider
 
-	// Store, when set, adds the gauges outbox.pending, outbox.parked and
-	// outbox.oldest_pending.age, read on every collection with
+	// Store, when set, adds the gauges outbox.pending, outbox.parked,
+	// outbox.oldest_pending.age and outbox.keys.blocked, read on every
+	// collection with
 	// Store.Gauges: from partial indexes, counts stopping at GaugesLimit.
 	Store *outbox.Store
 
@@ -147,9 +148,11 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		metric.WithDescription("Parked messages, which need an operator, counted up to a limit (100,000 by default) from the parked index"))
 	oldest, err3 := m.Float64ObservableGauge("outbox.oldest_pending.age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest message waiting to be published, 0 when none is, by the database clock"))
+	blocked, err5 := m.Int64ObservableGauge("outbox.keys.blocked", metric.WithUnit("{key}"),
+		metric.WithDescription("Keys with a parked message: in ordered mode their later messages wait for an operator (outbox retry or outbox discard)"))
 	readyGauge, err4 := m.Int64ObservableGauge("outbox.relay.ready", metric.WithUnit("{relay}"),
 		metric.WithDescription("1 while this relay is ready (its last round went through and its last claim is recent), 0 otherwise: summed, the relays ready"))
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return err
 	}
 	reg, err := m.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
@@ -173,8 +176,9 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		obs.ObserveInt64(pending, g.Pending, attrs)
 		obs.ObserveInt64(parked, g.Parked, attrs)
 		obs.ObserveFloat64(oldest, g.OldestPendingAge.Seconds(), attrs)
+		obs.ObserveInt64(blocked, g.BlockedKeys, attrs)
 		return nil
-	}, pending, parked, oldest, readyGauge)
+	}, pending, parked, oldest, blocked, readyGauge)
 	o.reg = reg
 	return err
 }

@@ -97,6 +97,7 @@ func TestObserverRecordsMetrics(t *testing.T) {
 	pending := got["outbox.pending"].Data.(metricdata.Gauge[int64])
 	require.EqualValues(t, 2, pending.DataPoints[0].Value)
 	require.EqualValues(t, 0, got["outbox.parked"].Data.(metricdata.Gauge[int64]).DataPoints[0].Value)
+	require.EqualValues(t, 0, got["outbox.keys.blocked"].Data.(metricdata.Gauge[int64]).DataPoints[0].Value)
 	require.Equal(t, "s", got["outbox.oldest_pending.age"].Unit)
 
 	require.NoError(t, obs.Close())
