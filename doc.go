@@ -26,10 +26,40 @@
 //
 // A message that fails [StoreConfig.MaxAttempts] times is parked: kept in
 // the table for an operator, counted by [Store.Pending], listed by
-// [Store.Parked] and re-armed by [Store.Retry]. Published rows stay until
+// [Store.Parked], re-armed by [Store.Retry] or given up on by
+// [Store.Discard], which keeps its row. Published rows stay until
 // [Store.PurgePublished] removes them. A claim is bounded by rows and by
 // bytes ([StoreConfig.BatchMaxBytes]), so that a few large rows cannot
 // exhaust a relay's memory.
+//
+// # Ordered mode
+//
+// By default ([Unordered]) messages are claimed oldest first but relays
+// publish them side by side, and a message that fails backs off while later
+// ones go ahead. [OrderedByKey], set in [StoreConfig.Ordering] on every
+// Store of a table (writers and relays alike), keeps the order of each key:
+// for two messages m1 and m2 with the same non-empty [Event.Key], where m1
+// was written first, the first delivery of m2 never comes before the first
+// delivery of m1 to a queue consumed in order (one consumer, or RabbitMQ's
+// single active consumer), with any number of relays and across relay
+// crashes, lost leases, broker connection loss and shutdown. Messages
+// without a key are not ordered.
+//
+// "Written first" is decided by the database, not by a clock: [Store.Add]
+// takes a transaction-scoped lock on each key before it inserts, and the
+// table numbers messages ([Message.Seq], a sequence) as they are inserted.
+// Writers of one key take turns, the second waiting until the first commits
+// or rolls back, so a key's order is the order in which the writers'
+// transactions took it, which is their commit order.
+//
+// A claim takes a message only with every unpublished message of its key
+// written before it, and the relay publishes a key's messages one after
+// another, each after the broker confirmed the one before. A message that
+// fails holds back the later messages of its key: they are set aside (held)
+// while it backs off, and when it is parked its key is blocked until
+// [Store.Retry] or [Store.Discard]; [Stats.BlockedKeys] and
+// [Gauges.BlockedKeys] count such keys. [Store.Reconcile] keeps the held
+// messages true; relays in ordered mode call it.
 //
 // # The table
 //

@@ -49,6 +49,14 @@
 // one awaits its confirms, the next is claimed and published, and settles
 // follow claim order.
 //
+// With a store in ordered mode (outbox.OrderedByKey), a batch is published
+// in rounds: the first message of every key, then, once the broker
+// confirmed them, the second of each key, and so on; a key whose message
+// was not confirmed has its later messages released (Observer.Released with
+// ReleasedOrder), and the relay reconciles the store's held messages every
+// second (Reconciler). Claims in that mode never give two relays messages
+// of one key.
+//
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as
 // permanent and reported by Relay.Health. Run returns an error only for
