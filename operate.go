@@ -88,17 +88,7 @@ func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
 // and they can be claimed at once. Ids that are not parked are ignored. It
 // returns how many messages were re-armed.
 func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
-	db, err := s.pool()
-	if err != nil {
-		return 0, err
-	}
-	if len(ids) == 0 {
-		return 0, nil
-	}
-	if err := checkIDs("Retry", ids); err != nil {
-		return 0, err
-	}
-	return s.queryCount(ctx, db, "retrying parked messages", s.q.retry, ids)
+	return s.changeParked(ctx, "Retry", "retrying parked messages", s.q.retry, ids)
 }
 
 // Discard gives up on parked messages: they will never be published, and
@@ -109,6 +99,12 @@ func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
 // the published history in time). Ids that are not parked messages are
 // ignored. It returns how many messages were discarded.
 func (s *Store) Discard(ctx context.Context, ids ...string) (int64, error) {
+	return s.changeParked(ctx, "Discard", "discarding parked messages", s.q.discard, ids)
+}
+
+// changeParked runs query, Retry's or Discard's, on the parked messages
+// among ids and returns how many it changed.
+func (s *Store) changeParked(ctx context.Context, op, what, query string, ids []string) (int64, error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, err
@@ -116,19 +112,12 @@ func (s *Store) Discard(ctx context.Context, ids ...string) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	if err := checkIDs("Discard", ids); err != nil {
-		return 0, err
-	}
-	return s.queryCount(ctx, db, "discarding parked messages", s.q.discard, ids)
-}
-
-func checkIDs(op string, ids []string) error {
 	for _, id := range ids {
 		if _, err := uuid.Parse(id); err != nil {
-			return fmt.Errorf("outbox: %s: %q is not a message id (a UUID)", op, id)
+			return 0, fmt.Errorf("outbox: %s: %q is not a message id (a UUID)", op, id)
 		}
 	}
-	return nil
+	return s.queryCount(ctx, db, what, query, ids)
 }
 
 // RetryAllParked re-arms every parked message, as Retry does, and returns how

@@ -73,14 +73,7 @@ SET claimed_until = NULL, claim_token = NULL
 WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
 RETURNING id`),
 
-		markFailed: r2(`UPDATE {table}
-SET attempts = attempts + 1,
-    last_error = $3,
-    claimed_until = NULL,
-    claim_token = NULL,
-    available_at = now() + $4::bigint * interval '1 microsecond',
-    parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
-WHERE id = $1::uuid AND claim_token = $2::uuid AND published_at IS NULL
+		markFailed: r2(markFailedSQL + `
 RETURNING attempts, parked_at IS NOT NULL`),
 
 		pending: r2(`SELECT
@@ -208,16 +201,8 @@ WHERE r.event_key = free.event_key AND r.{held}`),
 ){unheld}
 SELECT id FROM changed`)
 		// A message that failed holds the later messages of its key.
-		q.markFailed = r2(`WITH failed AS (
-	UPDATE {table}
-	SET attempts = attempts + 1,
-	    last_error = $3,
-	    claimed_until = NULL,
-	    claim_token = NULL,
-	    available_at = now() + $4::bigint * interval '1 microsecond',
-	    parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
-	WHERE id = $1::uuid AND claim_token = $2::uuid AND published_at IS NULL
-	RETURNING attempts, parked_at IS NOT NULL AS parked, event_key, seq
+		q.markFailed = r2(`WITH failed AS (` + markFailedSQL + `
+RETURNING attempts, parked_at IS NOT NULL AS parked, event_key, seq
 ), holding AS (
 	UPDATE {table} AS r SET held = true
 	FROM failed
@@ -227,6 +212,17 @@ SELECT attempts, parked FROM failed`)
 	}
 	return q
 }
+
+// markFailedSQL counts a failed attempt, fenced by the claim token, and
+// parks the message at the last one.
+const markFailedSQL = `UPDATE {table}
+SET attempts = attempts + 1,
+    last_error = $3,
+    claimed_until = NULL,
+    claim_token = NULL,
+    available_at = now() + $4::bigint * interval '1 microsecond',
+    parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+WHERE id = $1::uuid AND claim_token = $2::uuid AND published_at IS NULL`
 
 // claimSQL is the claim of the unordered mode. One statement. The subquery
 // locks candidate rows for the length of this statement only (SKIP LOCKED
