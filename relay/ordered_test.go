@@ -170,3 +170,39 @@ func assertNoError(t *testing.T, err error) bool {
 	}
 	return true
 }
+
+// stuckPublisher publishes through the real publisher after a pause that
+// ignores the context, as a relay stuck on its network would.
+type stuckPublisher struct {
+	relay.Publisher
+	pause time.Duration
+}
+
+func (p stuckPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	time.Sleep(p.pause)
+	return p.Publisher.Publish(context.WithoutCancel(ctx), msgs)
+}
+
+// TestOrderedLostLease: a relay outlives its lease in the middle of a batch
+// and goes on publishing its rounds while another relay has taken the same
+// messages: each publishes a key's messages in order, after the confirm of
+// the one before, so first deliveries stay in order.
+func TestOrderedLostLease(t *testing.T) {
+	t.Parallel()
+	const keys, perKey = 20, 10
+	log := amqptest.NewOrderLog()
+	b := setupFunc(t, &outbox.StoreConfig{Ordering: outbox.OrderedByKey}, log.Record)
+	b.write(t, keys*perKey, keys*perKey, func(i int) outbox.Event {
+		return outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", i%keys), Payload: []byte(fmt.Sprint(i))}
+	})
+	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), 200 * time.Millisecond},
+		&relay.Config{MaxInFlight: 1, BatchSize: keys * perKey, Lease: 300 * time.Millisecond, PublishTimeout: 250 * time.Millisecond})
+	require.Eventually(t, func() bool { return b.count(t, "claim_token IS NOT NULL") > 0 }, 10*time.Second, time.Millisecond)
+	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, Lease: 5 * time.Second})
+
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == keys*perKey }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return stuck.Stats().LeasesLost > 0 }, 10*time.Second, 10*time.Millisecond, "the stuck relay lost its lease")
+	requireKeyOrder(t, b, log)
+	t.Logf("stuck relay: %+v; %d duplicates", stuck.Stats(), b.consumer.Total()-b.consumer.Distinct())
+}
