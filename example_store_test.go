@@ -52,3 +52,82 @@ func ExampleStore_Add() {
 	fmt.Println(msgs[0].EventType, msgs[0].Key, string(msgs[0].Payload))
 	// Output: order.placed order-42 {"total":4200}
 }
+
+// ExampleOrderedByKey shows ordered mode: a key's messages are claimed only
+// in the order they were written, a failed one holds back the rest of its
+// key while other keys go on, and giving up on it (Discard) lets them go.
+func ExampleOrderedByKey() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", dbtest.URL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{
+		Table:       "example_ordered_outbox",
+		Ordering:    outbox.OrderedByKey, // on every Store of the table: writers and relays
+		MaxAttempts: 1,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer db.Exec(`DROP TABLE example_ordered_outbox`) //nolint:errcheck
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Add(ctx, tx,
+		outbox.Event{Type: "order.placed", Key: "order-1"},
+		outbox.Event{Type: "order.placed", Key: "order-2"},
+		outbox.Event{Type: "order.shipped", Key: "order-1"},
+	); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	claim := func() []outbox.Message {
+		msgs, err := store.Claim(ctx, 10, 30*time.Second)
+		if err != nil {
+			log.Fatal(err)
+		}
+		for _, m := range msgs {
+			fmt.Println("claimed", m.Key, m.EventType)
+		}
+		return msgs
+	}
+
+	msgs := claim()
+	// order-1's first message fails (and, at MaxAttempts 1, is parked);
+	// the relay gives back the rest of its key.
+	if err := store.MarkFailed(ctx, msgs[0], "NO_ROUTE"); err != nil {
+		log.Fatal(err)
+	}
+	if err := store.MarkPublished(ctx, msgs[1]); err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Release(ctx, msgs[2]); err != nil {
+		log.Fatal(err)
+	}
+	st, err := store.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("blocked keys:", st.BlockedKeys, "held:", st.Held)
+	claim() // nothing: order.shipped waits behind order.placed
+
+	if _, err := store.Discard(ctx, msgs[0].ID); err != nil {
+		log.Fatal(err)
+	}
+	claim()
+	// Output:
+	// claimed order-1 order.placed
+	// claimed order-2 order.placed
+	// claimed order-1 order.shipped
+	// blocked keys: 1 held: 1
+	// claimed order-1 order.shipped
+}

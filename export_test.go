@@ -21,3 +21,13 @@ func SetClock(s *Store, now func() time.Time) {
 		return id, nil
 	}
 }
+
+// SchemaV1 returns the DDL of the first version of the table: what
+// migration 000001 alone creates.
+func SchemaV1(name string) (string, error) {
+	t, err := parseTable(name)
+	if err != nil {
+		return "", err
+	}
+	return t.createSQL(), nil
+}
