@@ -101,7 +101,8 @@ func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
 }
 
 // TestOrderedChaos: four relays on one table, one of them a process killed
-// mid-batch, the broker closing the others' connections, writers writing
+// mid-batch, one shut down gracefully, the broker closing the others'
+// connections, writers writing
 // 20,000 messages over 1,000 keys meanwhile: a single consumer sees every
 // key's messages first delivered in the order they were written, and
 // nothing is lost.
@@ -116,8 +117,10 @@ func TestOrderedChaos(t *testing.T) {
 	cfg := func() *relay.Config {
 		return &relay.Config{BatchSize: 100, Lease: 3 * time.Second, PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
 	}
+	var stops []func()
 	for range 3 {
-		start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}), cfg())
+		_, stop := start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}), cfg())
+		stops = append(stops, stop)
 	}
 
 	var wg sync.WaitGroup
@@ -147,6 +150,11 @@ func TestOrderedChaos(t *testing.T) {
 	kill()
 	held := b.count(t, "claim_token IS NOT NULL AND published_at IS NULL")
 	start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}), cfg())
+	// One relay shuts down gracefully mid-stream and another takes its place.
+	at := b.consumer.Distinct()
+	require.Eventually(t, func() bool { return b.consumer.Distinct() >= at+total/10 }, time.Minute, 5*time.Millisecond)
+	stops[0]()
+	start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}), cfg())
 	closes := 0
 	for round := 1; round <= 2; round++ {
 		at := b.consumer.Distinct()
@@ -158,7 +166,7 @@ func TestOrderedChaos(t *testing.T) {
 	require.Eventually(t, func() bool { return b.pending(t) == 0 }, 30*time.Second, 20*time.Millisecond)
 	requireDelivered(t, b.consumer.IDs(), b.ids(t, ""))
 	requireKeyOrder(t, b, log)
-	t.Logf("%d messages over %d keys by 4 relays: one killed holding %d claimed rows, %d broker connections closed; %d duplicates; every key in order",
+	t.Logf("%d messages over %d keys by 4 relays: one killed holding %d claimed rows, one shut down, %d broker connections closed; %d duplicates; every key in order",
 		total, keys, held, closes, b.consumer.Total()-b.consumer.Distinct())
 }
 
