@@ -140,22 +140,25 @@ func (s *Store) queryCount(ctx context.Context, db *sql.DB, what, query string, 
 }
 
 // Reconcile keeps the held messages of ordered mode true: it holds the
-// waiting messages of keys whose first unpublished message is parked or
-// backing off (written after it failed), and brings back the held messages
-// of keys whose first message is neither (any more). Holding keeps claims
-// from walking over the messages of blocked keys; what a claim may take is
-// decided by the claim itself, so Reconcile is about speed and never about
-// order. Publishing, retrying and discarding a message bring the messages
-// held behind it back at once; Reconcile is the safety net, and relays in
-// ordered mode call it every second. It returns how many messages it held
-// and brought back.
+// waiting messages of keys whose first unpublished message has failed
+// (messages written after it failed), and brings back the held messages of
+// keys whose first message has not. Holding keeps claims from walking over
+// the messages of blocked keys; what a claim may take is decided by the
+// claim itself, so Reconcile is about speed and never about order.
+// Publishing, retrying and discarding a message bring the messages held
+// behind it back at once; Reconcile is the safety net, and relays call it
+// every second. In unordered mode it only brings back what an ordered
+// relay held before. It returns how many messages it held and brought
+// back.
 func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, 0, err
 	}
-	if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", s.q.hold); err != nil {
-		return 0, 0, err
+	if s.q.hold != "" {
+		if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", s.q.hold); err != nil {
+			return 0, 0, err
+		}
 	}
 	if unheld, err = s.execCount(ctx, db, "bringing back held messages", s.q.unhold); err != nil {
 		return held, 0, err

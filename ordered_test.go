@@ -101,6 +101,21 @@ func TestOrderedReconcileBringsBackStrays(t *testing.T) {
 	require.Equal(t, [2]int64{0, 2}, [2]int64{held, unheld})
 	_, got = claimed(t, b.store, 10)
 	require.Equal(t, []string{p("a", 1), p("a", 2)}, got)
+
+	// A table back in unordered mode holds nothing: a relay's Reconcile
+	// brings back what ordered mode held, however blocked its key is.
+	unordered, err := outbox.NewStore(b.db, &outbox.StoreConfig{Table: b.table})
+	require.NoError(t, err)
+	b.addCommitted(t, keyed("c", 1), keyed("c", 2))
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET parked_at = now(), attempts = 10 WHERE payload = $1`, []byte(p("c", 1)))
+	require.NoError(t, err)
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET held = true WHERE payload = $1`, []byte(p("c", 2)))
+	require.NoError(t, err)
+	held, unheld, err = unordered.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{0, 1}, [2]int64{held, unheld})
+	_, got = claimed(t, unordered, 10)
+	require.Equal(t, []string{p("c", 2)}, got)
 }
 
 func TestOrderedParkRetryDiscard(t *testing.T) {

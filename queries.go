@@ -44,12 +44,15 @@ const heldKeys = `RECURSIVE held_keys AS (
 
 // headOf is the first unpublished message of the key of the row named
 // k0: the one ordered mode publishes next.
-const headOf = `(SELECT h.id, h.seq, h.held, h.parked_at, h.available_at, h.claimed_until FROM {table} AS h
+const headOf = `(SELECT h.id, h.seq, h.held, h.parked_at, h.attempts FROM {table} AS h
 	WHERE h.event_key = k0.event_key AND h.published_at IS NULL AND h.event_key <> ''
 	ORDER BY h.seq LIMIT 1)`
 
-// failing says that the head (h) is parked or backing off after a failure.
-const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.available_at > now())`
+// failing says that the head has failed and is not published yet: it is
+// parked, backing off, or ready to be tried again. Its key's later messages
+// stay held until it is published, re-armed or discarded, rather than come
+// back and be held again at every attempt.
+const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts > 0)`
 
 func newQueries(t table, ordered bool) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
@@ -159,7 +162,7 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 		lock: `SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || k, 0))) FROM unnest($2::text[]) AS k`,
 
 		// Ordered mode, Store.Reconcile: hold the waiting messages of keys
-		// whose head is failing, found among the keys with held or parked
+		// whose head has failed, found among the keys with held or parked
 		// messages. The head is locked FOR SHARE: a head published,
 		// re-armed or discarded meanwhile is re-read and no longer counts,
 		// and one changed after this commits is changed after the hold,
@@ -171,7 +174,7 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 ), failing AS (
 	SELECT f.event_key, f.seq FROM {table} AS f
 	WHERE f.id IN (SELECT head.id FROM keys AS k0, LATERAL ` + headOf + ` AS head WHERE {failing})
-	  AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.available_at > now())
+	  AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.attempts > 0)
 	FOR SHARE OF f
 )
 UPDATE {table} AS r SET held = true
@@ -180,7 +183,7 @@ WHERE r.event_key = failing.event_key AND r.event_key <> '' AND {waiting}
   AND r.seq > greatest(failing.seq, (SELECT max(l.seq) FROM {table} AS l WHERE l.event_key = failing.event_key AND l.{held}))`),
 
 		// Ordered mode, Store.Reconcile: bring back the held messages of
-		// keys whose head is not failing (any more).
+		// keys whose head has not failed (a bring-back that was missed).
 		unhold: r2(`WITH {held_keys}, free AS MATERIALIZED (
 	SELECT k0.event_key FROM held_keys AS k0
 	WHERE k0.event_key IS NOT NULL
@@ -189,6 +192,12 @@ WHERE r.event_key = failing.event_key AND r.event_key <> '' AND {waiting}
 UPDATE {table} AS r SET held = false
 FROM free
 WHERE r.event_key = free.event_key AND r.{held}`),
+	}
+	if !ordered {
+		// Nothing is held in unordered mode: what an ordered relay held
+		// before the table changed modes comes back.
+		q.hold = ""
+		q.unhold = r2(`UPDATE {table} SET held = false WHERE {held}`)
 	}
 	if ordered {
 		q.claim = r2(orderedClaimSQL)

@@ -40,7 +40,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			every(purgeCtx, r.cfg.PurgeInterval, r.purge)
 		}()
 	}
-	if _, ok := r.store.(Reconciler); ok && r.ordered {
+	if _, ok := r.store.(Reconciler); ok {
 		purges.Add(1)
 		go func() {
 			defer purges.Done()
