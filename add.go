@@ -113,6 +113,9 @@ func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 	return nil
 }
 
+// arrayElem escapes a quoted element of a PostgreSQL array literal.
+var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+
 // lockKeys makes the writers of each key of evts take turns (ordered mode).
 func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	var keys []string
@@ -130,12 +133,13 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	// application's, and not every driver takes slices.
 	var lit strings.Builder
 	lit.WriteByte('{')
-	esc := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	for i, k := range keys {
 		if i > 0 {
 			lit.WriteByte(',')
 		}
-		lit.WriteString(`"` + esc.Replace(k) + `"`)
+		lit.WriteByte('"')
+		arrayElem.WriteString(&lit, k)
+		lit.WriteByte('"')
 	}
 	lit.WriteByte('}')
 	if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String()); err != nil {

@@ -373,3 +373,32 @@ func newPublisher(t *testing.T) *relay.AMQPPublisher {
 	t.Cleanup(func() { _ = pub.Close() })
 	return pub
 }
+
+// TestOrderedKeysOfAnyText: keys that mean something in an array literal
+// (quotes, backslashes, commas, braces, NULL) are locked as the text they
+// are: a second writer of `a"b` waits, one of `a` does not.
+func TestOrderedKeysOfAnyText(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ordered())
+	odd := []string{`a"b`, `c\d`, `{x,y}`, `NULL`, ` spaced `, `ünï`}
+	var evts []outbox.Event
+	for _, k := range odd {
+		evts = append(evts, keyed(k, 1))
+	}
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.store.Add(ctx, tx, evts...))
+
+	other, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer other.Rollback() //nolint:errcheck
+	require.NoError(t, b.store.Add(ctx, other, keyed("a", 1)), "another key does not wait")
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err = b.store.Add(short, other, keyed(`a"b`, 2))
+	require.Error(t, err, "the same key waits for the first writer")
+	require.NoError(t, tx.Commit())
+	_, got := claimed(t, b.store, 10)
+	require.Len(t, got, len(odd))
+}

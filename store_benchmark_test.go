@@ -22,6 +22,9 @@ func BenchmarkAdd(b *testing.B) {
 	db := dbtest.DB(b)
 	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: dbtest.Table(b)})
 	require.NoError(b, err)
+	// Ordered mode takes the events' keys first: one more statement.
+	ordered, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: store.Table(), Ordering: outbox.OrderedByKey})
+	require.NoError(b, err)
 	pool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: store.Table()})
 	require.NoError(b, err)
 	require.NoError(b, pool.CreateSchemaIfAbsent(ctx))
@@ -29,12 +32,18 @@ func BenchmarkAdd(b *testing.B) {
 	_, err = db.ExecContext(ctx, `CREATE TABLE "`+orders+`" (id bigserial PRIMARY KEY, total bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(b, err)
 
-	for _, n := range []int{0, 1, 10} {
-		name := fmt.Sprintf("events=%d", n)
-		if n == 0 {
+	for _, c := range []struct {
+		n     int
+		store *outbox.Store
+	}{{0, store}, {1, store}, {10, store}, {1, ordered}, {10, ordered}} {
+		name := fmt.Sprintf("events=%d", c.n)
+		switch {
+		case c.n == 0:
 			name = "business_only"
+		case c.store == ordered:
+			name += "/ordered"
 		}
-		evts := events(n)
+		evts, store := events(c.n), c.store
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for range b.N {
