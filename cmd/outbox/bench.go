@@ -29,7 +29,7 @@ const maxRate = 1_000_000
 // benchOptions are the flags of outbox bench.
 type benchOptions struct {
 	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs, keys int
-	published, pending                                                              int
+	published, pending, blocked                                                     int
 	rate                                                                            float64
 	notify, noWake, ordered, claims                                                 bool
 }
@@ -60,6 +60,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.BoolVar(&o.claims, "claims", false, "measure claims alone, in both modes, on a table with --pending messages over --keys keys (default 10000), without and with --published rows of history; no broker")
 	c.fs.IntVar(&o.published, "published", 1_000_000, "with --claims: published rows of history")
 	c.fs.IntVar(&o.pending, "pending", 100_000, "with --claims: messages waiting")
+	c.fs.IntVar(&o.blocked, "blocked", 0, "with --claims: also measure ordered claims with one key blocked by a parked message and this many of its messages written after it, before and after Store.Reconcile sets them aside")
 	cpuProfile := c.fs.String("cpuprofile", "", "write a CPU profile of the bench process (writers, relay and consumer) to this file")
 	if err := c.parse(args); err != nil {
 		return err
@@ -88,6 +89,9 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if o.claims {
 		if err := c.positive(map[string]int64{"published": int64(o.published), "pending": int64(o.pending)}); err != nil {
 			return err
+		}
+		if o.blocked < 0 {
+			return c.usageError("--blocked must not be negative")
 		}
 	}
 	if o.keys < 0 {

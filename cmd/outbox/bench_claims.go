@@ -53,6 +53,61 @@ func (b *claimBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "bench: %s: no history %.2f ms [%.2f]; %d published rows %.2f ms [%.2f]; ratio %.2f\n",
 			store.Ordering(), ms(p50e), ms(percentile(empty, 0.9)), b.o.published, ms(p50f), ms(percentile(full, 0.9)), float64(p50f)/float64(p50e))
 	}
+	if b.o.blocked > 0 {
+		return b.blockedKey(ctx, out, keys)
+	}
+	return nil
+}
+
+// blockedKeyClaims is how many claims measure a blocked key's messages
+// before they are set aside: each walks over all of them.
+const blockedKeyClaims = 10
+
+// blockedKey measures ordered claims with one key blocked by a parked
+// message and --blocked messages of it written after (not yet held), then
+// after Store.Reconcile has set them aside.
+func (b *claimBench) blockedKey(ctx context.Context, out io.Writer, keys int) error {
+	store := b.stores[1]
+	if err := b.fill(ctx, 0, keys); err != nil {
+		return err
+	}
+	fmt.Fprintf(b.stderr, "bench: writing a parked message and %d messages of its key\n", b.o.blocked)
+	payload := make([]byte, b.o.size)
+	// Written before the waiting messages: claims meet them first.
+	if _, err := b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET seq = seq + $1 + 1`, b.o.blocked); err != nil {
+		return err
+	}
+	if _, err := b.db.ExecContext(ctx, `INSERT INTO "`+b.table+`" (id, seq, event_type, event_key, payload, parked_at, attempts)
+SELECT gen_random_uuid(), i, 'bench.tick', 'blocked', $2, CASE WHEN i = 0 THEN now() END, CASE WHEN i = 0 THEN 10 ELSE 0 END
+FROM generate_series(0, $1) AS i`, b.o.blocked, payload); err != nil {
+		return err
+	}
+	if _, err := b.db.ExecContext(ctx, `VACUUM ANALYZE "`+b.table+`"`); err != nil {
+		return err
+	}
+	before := make([]time.Duration, 0, blockedKeyClaims)
+	for range blockedKeyClaims {
+		took, err := b.claimOnce(ctx, store)
+		if err != nil {
+			return err
+		}
+		before = append(before, took)
+	}
+	slices.Sort(before)
+	start := time.Now()
+	held, _, err := store.Reconcile(ctx)
+	if err != nil {
+		return err
+	}
+	reconciled := time.Since(start)
+	// The first claims after the hold clean the claim index of the held
+	// rows' old entries; a VACUUM would too.
+	after, err := b.measure(ctx, store)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "bench: ordered by key, one key blocked with %d messages behind it: claims %.2f ms [%.2f] before they are set aside; Reconcile set %d aside in %.0f ms; then %.2f ms [%.2f]\n",
+		b.o.blocked, ms(percentile(before, 0.5)), ms(percentile(before, 0.9)), held, ms(reconciled), ms(percentile(after, 0.5)), ms(percentile(after, 0.9)))
 	return nil
 }
 
@@ -85,19 +140,27 @@ SELECT gen_random_uuid(), 'bench.tick', 'k' || (i % $2), $3 FROM generate_series
 func (b *claimBench) measure(ctx context.Context, store *outbox.Store) ([]time.Duration, error) {
 	took := make([]time.Duration, 0, claimsMeasured)
 	for range claimsMeasured {
-		start := time.Now()
-		msgs, err := store.Claim(ctx, b.o.batch, time.Minute)
+		d, err := b.claimOnce(ctx, store)
 		if err != nil {
 			return nil, err
 		}
-		took = append(took, time.Since(start))
-		if len(msgs) == 0 {
-			return nil, fmt.Errorf("the table ran dry: raise --pending")
-		}
-		if err := store.MarkPublished(ctx, msgs...); err != nil {
-			return nil, err
-		}
+		took = append(took, d)
 	}
 	slices.Sort(took)
 	return took, nil
+}
+
+// claimOnce claims a batch, marks it published and returns how long the
+// claim took.
+func (b *claimBench) claimOnce(ctx context.Context, store *outbox.Store) (time.Duration, error) {
+	start := time.Now()
+	msgs, err := store.Claim(ctx, b.o.batch, time.Minute)
+	if err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	if len(msgs) == 0 {
+		return 0, fmt.Errorf("the table ran dry: raise --pending")
+	}
+	return took, store.MarkPublished(ctx, msgs...)
 }
