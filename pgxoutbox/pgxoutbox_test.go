@@ -49,3 +49,27 @@ func TestAddThroughAPgxTransaction(t *testing.T) {
 
 	require.ErrorIs(t, store.Add(ctx, pgxoutbox.Tx(nil), outbox.Event{Type: "x"}), outbox.ErrNoTransaction)
 }
+
+// TestOrderedAddThroughAPgxTransaction: ordered mode's key locks go through
+// pgx's own protocol too.
+func TestOrderedAddThroughAPgxTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Logger: dbtest.Logger(t), Ordering: outbox.OrderedByKey})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	conn, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, pgxoutbox.Tx(tx), outbox.Event{Type: "a", Key: "order-1"}, outbox.Event{Type: "b", Key: `order-"2"`}))
+	var locks int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&locks))
+	require.Equal(t, 2, locks, "one lock per key, held by the transaction")
+	require.NoError(t, tx.Commit(ctx))
+	n, err := store.Pending(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+}

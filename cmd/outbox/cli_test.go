@@ -162,6 +162,7 @@ func TestOrderedOperatorCommands(t *testing.T) {
 	code, out, _ := outboxCmd(t, nil, "status", "--table", table)
 	require.Equal(t, 0, code)
 	require.Regexp(t, `blocked keys\s+1\n`, out)
+	require.Regexp(t, `held behind a failed message\s+1\n`, out, "order.shipped")
 	require.Contains(t, out, "in ordered mode, a key with a parked message is blocked")
 	code, out, _ = outboxCmd(t, nil, "parked", "--table", table)
 	require.Equal(t, 0, code)

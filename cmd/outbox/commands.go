@@ -33,6 +33,7 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
 	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
 	fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
+	fmt.Fprintf(w, "held behind a failed message\t%d\n", st.Held)
 	if st.Parked > 0 {
 		fmt.Fprintf(w, "\nparked messages need a look: outbox parked --table %s\n", c.table)
 	}
