@@ -163,10 +163,12 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 
 		// Ordered mode, Store.Reconcile: hold the waiting messages of keys
 		// whose head has failed, found among the keys with held or parked
-		// messages. The head is locked FOR SHARE: a head published,
-		// re-armed or discarded meanwhile is re-read and no longer counts,
-		// and one changed after this commits is changed after the hold,
-		// and brings the messages back.
+		// messages, and only messages written after the last held one.
+		// The head is locked FOR SHARE: a head published, re-armed or
+		// discarded meanwhile is re-read and no longer counts; one changed
+		// after this commits brings the messages back, or, if its statement
+		// began before this committed, the next unhold does. (Unqualified
+		// columns are those of the innermost table that has them.)
 		hold: r2(`WITH {held_keys}, keys AS (
 	SELECT event_key FROM held_keys WHERE event_key IS NOT NULL
 	UNION
@@ -180,7 +182,7 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 UPDATE {table} AS r SET held = true
 FROM failing
 WHERE r.event_key = failing.event_key AND r.event_key <> '' AND {waiting}
-  AND r.seq > greatest(failing.seq, (SELECT max(l.seq) FROM {table} AS l WHERE l.event_key = failing.event_key AND l.{held}))`),
+  AND r.seq > greatest(failing.seq, (SELECT max(l.seq) FROM {table} AS l WHERE l.event_key = failing.event_key AND {held}))`),
 
 		// Ordered mode, Store.Reconcile: bring back the held messages of
 		// keys whose head has not failed (a bring-back that was missed).
@@ -191,7 +193,7 @@ WHERE r.event_key = failing.event_key AND r.event_key <> '' AND {waiting}
 )
 UPDATE {table} AS r SET held = false
 FROM free
-WHERE r.event_key = free.event_key AND r.{held}`),
+WHERE r.event_key = free.event_key AND {held}`),
 	}
 	if !ordered {
 		// Nothing is held in unordered mode: what an ordered relay held
