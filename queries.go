@@ -267,10 +267,11 @@ RETURNING {columns}`
 // a message of a key is claimed only with every unpublished message of its
 // key written before it. Three steps:
 //
-//  1. candidates: ready rows in the order of seq, locked (SKIP LOCKED), of
-//     which a key's row is left out without being locked when the key's
-//     first unpublished message (its head: one probe of the key index) is
-//     another one that is parked, backing off or claimed;
+//  1. candidates: ready rows (neither parked nor held, not backing off, not
+//     claimed) in the order of seq, locked (SKIP LOCKED), of which a key's
+//     row is left out without being locked when the key's first unpublished
+//     message (its head: one probe of the key index) is another one that is
+//     parked, backing off or claimed;
 //  2. gaps: for each key among the candidates, the first unpublished row
 //     of the key that is not a candidate (skipped because locked, or not
 //     ready), by the statement's snapshot;
@@ -281,8 +282,9 @@ RETURNING {columns}`
 // the same statement. A row that is unpublished now was unpublished in the
 // snapshot (nothing is ever unpublished), and a row of the key written
 // before a visible one committed before it (Store.Add makes writers of a key
-// take turns), so it is visible too. Step 1 only keeps the rows of blocked
-// keys from being locked and from filling the LIMIT.
+// take turns), so it is visible too. Step 1 only keeps the rows of keys in
+// flight from being locked and from filling the LIMIT; the rows of blocked
+// keys are held, out of the claim index (see Store.Reconcile).
 const orderedClaimSQL = `UPDATE {table} AS o
 SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
 WHERE o.id = ANY(ARRAY(
