@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -162,7 +161,8 @@ var errHeldBack = errors.New("relay: held back behind an earlier message of its 
 // one before it, so the queue holds them in order whichever channel or
 // connection carries them; keys proceed side by side. A key whose message
 // was not confirmed has its later messages held back (errHeldBack); a
-// broker fault or a closed publisher ends the rounds.
+// broker fault, a closed publisher or the end of ctx ends the rounds, and
+// the messages never sent are held back too.
 func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 	if !r.ordered {
 		return r.pub.Publish(ctx, msgs)
@@ -212,15 +212,10 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 				end = end || errors.Is(err, ErrBrokerUnavailable) || errors.Is(err, ErrPublisherClosed)
 			}
 		}
-		if end {
-			break
-		}
-		if ctx.Err() != nil { // PublishTimeout or shutdown: what is left is unconfirmed
-			for i := range errs {
-				if errs[i] == errHeldBack && !stopped[msgs[i].Key] {
-					errs[i] = fmt.Errorf("%w: publishing cut short (%v)", ErrBrokerUnavailable, ctx.Err())
-				}
-			}
+		if end || ctx.Err() != nil {
+			// A broker fault, a closed publisher, PublishTimeout or
+			// shutdown: the messages of the rounds left were never sent,
+			// and are released as held back.
 			break
 		}
 	}

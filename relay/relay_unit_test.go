@@ -601,3 +601,24 @@ func TestOrderedBrokerFaultEndsRounds(t *testing.T) {
 	require.Equal(t, []string{"a1,b1"}, rounds)
 	require.Equal(t, []string{"claim a1,b1,a2,b2", "published b1", "release a1", "release a2,b2"}, store.log())
 }
+
+// TestOrderedTimeoutEndsRounds: when PublishTimeout runs out between
+// rounds, the messages never sent are released as held back, not as a
+// broker fault: the broker answered every round it was given.
+func TestOrderedTimeoutEndsRounds(t *testing.T) {
+	t.Parallel()
+	store := orderedStore{&fakeStore{}}
+	store.push(outbox.Message{ID: "a1", Key: "a"}, outbox.Message{ID: "a2", Key: "a"}, outbox.Message{ID: "a3", Key: "a"})
+	var rounds []string
+	pub := PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
+		rounds = append(rounds, join(msgs))
+		<-ctx.Done() // the round is confirmed just as the time runs out
+		return make([]error, len(msgs))
+	})
+	r := newTestRelay(t, store, pub, &Config{PublishTimeout: 20 * time.Millisecond})
+	res, err := r.runOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.brokerFaults)
+	require.Equal(t, []string{"a1"}, rounds)
+	require.Equal(t, []string{"claim a1,a2,a3", "published a1", "release a2,a3"}, store.log())
+}
