@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,15 +188,59 @@ func TestOrderedConcurrentClaimers(t *testing.T) {
 	var (
 		mu        sync.Mutex
 		published = map[string]int{} // key → messages published (they go in order)
+		written   = map[string]int{}
 		wg        sync.WaitGroup
 		errs      = make(chan error, 16)
+		writing   atomic.Bool
+		stop      = make(chan struct{})
 	)
+	for k := range keys {
+		written[fmt.Sprint(k)] = perKey
+	}
+	// A writer goes on writing, and Reconcile runs in a loop, as a relay's
+	// would, racing the holds and bring-backs of the claimers' settles.
+	writing.Store(true)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer writing.Store(false)
+		for range 100 {
+			k := fmt.Sprint(rand.IntN(keys))
+			tx, err := b.db.BeginTx(ctx, nil)
+			if err == nil {
+				err = b.store.Add(ctx, tx, keyed(k, written[k]))
+			}
+			if err == nil {
+				err = tx.Commit()
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+			written[k]++
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, _, err := b.store.Reconcile(ctx); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	var claimers sync.WaitGroup
 	for _, store := range []*outbox.Store{b.store, other} {
 		for range 4 {
-			wg.Add(1)
+			claimers.Add(1)
 			go func() {
-				defer wg.Done()
-				for idle := 0; idle < 50; {
+				defer claimers.Done()
+				for idle := 0; idle < 50 || writing.Load(); {
 					msgs, err := store.Claim(ctx, 1+rand.IntN(30), time.Minute)
 					if err != nil {
 						errs <- err
@@ -256,6 +301,8 @@ func TestOrderedConcurrentClaimers(t *testing.T) {
 			}()
 		}
 	}
+	claimers.Wait()
+	close(stop)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -264,7 +311,7 @@ func TestOrderedConcurrentClaimers(t *testing.T) {
 	require.Zero(t, b.count(t, "published_at IS NULL"), "everything published")
 	require.Positive(t, b.count(t, "attempts > 0"), "some messages failed on the way")
 	for k := range keys {
-		require.Equal(t, perKey, published[fmt.Sprint(k)])
+		require.Equal(t, written[fmt.Sprint(k)], published[fmt.Sprint(k)])
 	}
 }
 

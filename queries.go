@@ -26,11 +26,16 @@ const (
 // unheldCTE, appended to a statement whose CTE "changed" returns the
 // event_key of the messages it published, re-armed or discarded, brings
 // back the held messages of those keys: the message that blocked them is
-// out of the way.
+// out of the way. Rows another statement has locked (a relay releasing
+// them) are skipped rather than waited for, so that two settles never
+// deadlock over them; Store.Reconcile brings those back.
 const unheldCTE = `, unheld AS (
 	UPDATE {table} SET held = false
-	WHERE {held} AND event_key IN (SELECT event_key FROM changed WHERE event_key <> '')
-	  AND id NOT IN (SELECT id FROM changed)
+	WHERE id IN (
+		SELECT id FROM {table}
+		WHERE {held} AND event_key IN (SELECT event_key FROM changed WHERE event_key <> '')
+		  AND id NOT IN (SELECT id FROM changed)
+		FOR UPDATE SKIP LOCKED)
 )`
 
 // heldKeys lists the keys that have held messages, one index probe per key
@@ -167,8 +172,11 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 		// The head is locked FOR SHARE: a head published, re-armed or
 		// discarded meanwhile is re-read and no longer counts; one changed
 		// after this commits brings the messages back, or, if its statement
-		// began before this committed, the next unhold does. (Unqualified
-		// columns are those of the innermost table that has them.)
+		// began before this committed, the next unhold does. Every lock is
+		// taken SKIP LOCKED, so that Reconcile never waits for a relay's
+		// marks or claims, and can never be part of a deadlock with them:
+		// what it skips, a later round takes. (Unqualified columns are
+		// those of the innermost table that has them.)
 		hold: r2(`WITH {held_keys}, keys AS (
 	SELECT event_key FROM held_keys WHERE event_key IS NOT NULL
 	UNION
@@ -177,29 +185,36 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 	SELECT f.event_key, f.seq FROM {table} AS f
 	WHERE f.id IN (SELECT head.id FROM keys AS k0, LATERAL ` + headOf + ` AS head WHERE {failing})
 	  AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.attempts > 0)
-	FOR SHARE OF f
+	FOR SHARE OF f SKIP LOCKED
+), targets AS (
+	SELECT r.id FROM {table} AS r
+	JOIN failing ON r.event_key = failing.event_key
+	WHERE r.event_key <> '' AND {waiting}
+	  AND r.seq > greatest(failing.seq, (SELECT max(l.seq) FROM {table} AS l WHERE l.event_key = failing.event_key AND {held}))
+	FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE {table} AS r SET held = true
-FROM failing
-WHERE r.event_key = failing.event_key AND r.event_key <> '' AND {waiting}
-  AND r.seq > greatest(failing.seq, (SELECT max(l.seq) FROM {table} AS l WHERE l.event_key = failing.event_key AND {held}))`),
+UPDATE {table} SET held = true WHERE id IN (SELECT id FROM targets)`),
 
 		// Ordered mode, Store.Reconcile: bring back the held messages of
-		// keys whose head has not failed (a bring-back that was missed).
+		// keys whose head has not failed (a bring-back that was missed),
+		// SKIP LOCKED like the hold.
 		unhold: r2(`WITH {held_keys}, free AS MATERIALIZED (
 	SELECT k0.event_key FROM held_keys AS k0
 	WHERE k0.event_key IS NOT NULL
 	  AND NOT EXISTS (SELECT 1 FROM ` + headOf + ` AS head WHERE {failing})
+), targets AS (
+	SELECT r.id FROM {table} AS r
+	JOIN free ON r.event_key = free.event_key
+	WHERE {held}
+	FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE {table} AS r SET held = false
-FROM free
-WHERE r.event_key = free.event_key AND {held}`),
+UPDATE {table} SET held = false WHERE id IN (SELECT id FROM targets)`),
 	}
 	if !ordered {
 		// Nothing is held in unordered mode: what an ordered relay held
 		// before the table changed modes comes back.
 		q.hold = ""
-		q.unhold = r2(`UPDATE {table} SET held = false WHERE {held}`)
+		q.unhold = r2(`UPDATE {table} SET held = false WHERE id IN (SELECT id FROM {table} WHERE {held} FOR UPDATE SKIP LOCKED)`)
 	}
 	if ordered {
 		q.claim = r2(orderedClaimSQL)
@@ -211,13 +226,16 @@ WHERE r.event_key = free.event_key AND {held}`),
 	RETURNING id, event_key
 ){unheld}
 SELECT id FROM changed`)
-		// A message that failed holds the later messages of its key.
+		// A message that failed holds the later messages of its key (SKIP
+		// LOCKED, like the bring-back: Store.Reconcile holds what it skips).
 		q.markFailed = r2(`WITH failed AS (` + markFailedSQL + `
 RETURNING attempts, parked_at IS NOT NULL AS parked, event_key, seq
 ), holding AS (
-	UPDATE {table} AS r SET held = true
-	FROM failed
-	WHERE failed.event_key <> '' AND r.event_key = failed.event_key AND r.event_key <> '' AND r.seq > failed.seq AND {waiting}
+	UPDATE {table} SET held = true
+	WHERE id IN (
+		SELECT r.id FROM {table} AS r, failed
+		WHERE failed.event_key <> '' AND r.event_key = failed.event_key AND r.event_key <> '' AND r.seq > failed.seq AND {waiting}
+		FOR UPDATE OF r SKIP LOCKED)
 )
 SELECT attempts, parked FROM failed`)
 	}

@@ -192,9 +192,9 @@ func (p stuckPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 }
 
 // TestOrderedLostLease: a relay outlives its lease in the middle of a batch
-// and goes on publishing its rounds while another relay has taken the same
-// messages: each publishes a key's messages in order, after the confirm of
-// the one before, so first deliveries stay in order.
+// and publishes while another relay has taken the same messages: each
+// publishes a key's messages in order, after the confirm of the one before,
+// so first deliveries stay in order.
 func TestOrderedLostLease(t *testing.T) {
 	t.Parallel()
 	const keys, perKey = 20, 10
@@ -203,7 +203,9 @@ func TestOrderedLostLease(t *testing.T) {
 	b.write(t, keys*perKey, keys*perKey, func(i int) outbox.Event {
 		return outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", i%keys), Payload: []byte(fmt.Sprint(i))}
 	})
-	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), 200 * time.Millisecond},
+	// Its first round goes out a second after the claim, long after its
+	// lease (300ms) has passed to the other relay.
+	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), time.Second},
 		&relay.Config{MaxInFlight: 1, BatchSize: keys * perKey, Lease: 300 * time.Millisecond, PublishTimeout: 250 * time.Millisecond})
 	require.Eventually(t, func() bool { return b.count(t, "claim_token IS NOT NULL") > 0 }, 10*time.Second, time.Millisecond)
 	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, Lease: 5 * time.Second})
