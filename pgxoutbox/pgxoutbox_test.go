@@ -15,16 +15,24 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-func TestAddThroughAPgxTransaction(t *testing.T) {
-	t.Parallel()
+// setup gives the test a store on a table of its own, in the given mode,
+// and a native pgx connection.
+func setup(t *testing.T, ordering outbox.Ordering) (*outbox.Store, *pgx.Conn) {
+	t.Helper()
 	ctx := context.Background()
-	db := dbtest.DB(t)
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Logger: dbtest.Logger(t)})
+	store, err := outbox.NewStore(dbtest.DB(t), &outbox.StoreConfig{Table: dbtest.Table(t), Logger: dbtest.Logger(t), Ordering: ordering})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
 	conn, err := pgx.Connect(ctx, dbtest.URL())
 	require.NoError(t, err)
-	defer conn.Close(ctx)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return store, conn
+}
+
+func TestAddThroughAPgxTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, conn := setup(t, outbox.Unordered)
 
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
@@ -55,13 +63,7 @@ func TestAddThroughAPgxTransaction(t *testing.T) {
 func TestOrderedAddThroughAPgxTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbtest.DB(t)
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Logger: dbtest.Logger(t), Ordering: outbox.OrderedByKey})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
-	conn, err := pgx.Connect(ctx, dbtest.URL())
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	store, conn := setup(t, outbox.OrderedByKey)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	require.NoError(t, store.Add(ctx, pgxoutbox.Tx(tx), outbox.Event{Type: "a", Key: "order-1"}, outbox.Event{Type: "b", Key: `order-"2"`}))
