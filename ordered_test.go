@@ -449,3 +449,27 @@ func TestOrderedKeysOfAnyText(t *testing.T) {
 	_, got := claimed(t, b.store, 10)
 	require.Len(t, got, len(odd))
 }
+
+// TestOrderedClaimIsBoundedByBytes: the byte bound cuts a key's messages
+// after the first ones, never before: a claim takes a prefix of each key.
+func TestOrderedClaimIsBoundedByBytes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := ordered()
+	cfg.BatchMaxBytes = 1500
+	b := setup(t, cfg)
+	big := func(key string, n int) outbox.Event {
+		e := keyed(key, n)
+		e.Payload = append(e.Payload, make([]byte, 1000)...)
+		return e
+	}
+	b.addCommitted(t, big("a", 1), big("a", 2), big("a", 3), big("b", 1))
+	first, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1) + string(make([]byte, 1000)), p("a", 2) + string(make([]byte, 1000))}, got,
+		"a1, and a2 which starts under the bound")
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("b", 1) + string(make([]byte, 1000))}, got, "a3 waits for a1 and a2; b1 does not")
+	require.NoError(t, b.store.MarkPublished(ctx, first...))
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 3) + string(make([]byte, 1000))}, got)
+}

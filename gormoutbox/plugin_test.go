@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -399,4 +400,36 @@ func TestHeadersFromStatementContext(t *testing.T) {
 	var headers string
 	require.NoError(t, b.sqlDB.QueryRow(`SELECT headers::text FROM `+b.schema+`.outbox`).Scan(&headers))
 	require.JSONEq(t, `{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tenant":"acme"}`, headers)
+}
+
+// TestOrderedMode: with Plugin.Ordering, a GORM transaction that records an
+// event of a key holds that key until it ends: a second writer of the key
+// waits for it, so the key's order is the order of the commits.
+func TestOrderedMode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, &gormoutbox.Plugin{Ordering: outbox.OrderedByKey}, nil)
+	first := b.db.WithContext(ctx).Begin()
+	require.NoError(t, first.Error)
+	order := Order{Status: "new"}
+	order.Record(evt("order.placed", "order-9"))
+	require.NoError(t, first.Create(&order).Error)
+
+	second := b.db.WithContext(ctx).Begin()
+	require.NoError(t, second.Error)
+	var pid int
+	require.NoError(t, second.Raw("SELECT pg_backend_pid()").Scan(&pid).Error)
+	done := make(chan error, 1)
+	go func() {
+		other := Order{Status: "new"}
+		other.Record(evt("order.placed", "order-9"))
+		done <- second.Create(&other).Error
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, b.sqlDB, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'advisory'", pid) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the second writer of order-9 waits")
+	require.NoError(t, first.Commit().Error)
+	require.NoError(t, <-done)
+	require.NoError(t, second.Commit().Error)
+	require.Equal(t, []string{"order.placed/order-9", "order.placed/order-9"}, b.events(t))
 }
