@@ -216,3 +216,24 @@ func TestOrderedLostLease(t *testing.T) {
 	requireKeyOrder(t, b, log)
 	t.Logf("stuck relay: %+v; %d duplicates", stuck.Stats(), b.consumer.Total()-b.consumer.Distinct())
 }
+
+// TestOrderedHotKeyDoesNotHoldUpOthers: a key with a backlog goes one
+// broker round trip per message; messages of other keys written after the
+// backlog do not wait for it to drain: the relay's other lanes take them.
+func TestOrderedHotKeyDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
+	const hot, others = 5000, 200
+	log := amqptest.NewOrderLog()
+	b := setupFunc(t, &outbox.StoreConfig{Ordering: outbox.OrderedByKey}, log.Record)
+	b.write(t, hot, 500, func(i int) outbox.Event { return outbox.Event{Type: "order.changed", Key: "hot"} })
+	b.write(t, others, others, func(i int) outbox.Event { return outbox.Event{Type: "order.placed", Key: fmt.Sprint("order-", i)} })
+	start(t, b.store, newPublisher(t, nil), nil)
+
+	require.Eventually(t, func() bool { return len(log.Keys()) == others+1 }, time.Minute, 5*time.Millisecond)
+	hotSoFar := len(log.Keys()["hot"])
+	require.Less(t, hotSoFar, hot, "the other keys went out before the hot key's backlog drained")
+	require.Eventually(t, func() bool { return b.pending(t) == 0 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == hot+others }, time.Minute, 10*time.Millisecond)
+	requireKeyOrder(t, b, log)
+	t.Logf("all %d other keys delivered when %d of %d hot messages were", others, hotSoFar, hot)
+}

@@ -29,6 +29,7 @@ const (
 	backoffMin             = 100 * time.Millisecond
 	pollFirst              = time.Millisecond // the first wait after an empty claim
 	wakeBurst              = 8                // empty claims 1ms apart after a wake-up
+	extraQuietMax          = 2 * time.Second  // the longest extra lanes stay away after finding nothing
 )
 
 // Config configures a Relay. The zero value (and nil) gives the defaults.
@@ -155,18 +156,21 @@ type Relay struct {
 	running atomic.Bool
 	stats   counters
 
-	health      atomic.Pointer[Health]
-	obs         Observer
-	maxAttempts int        // the store's, when it says; for Observer.Failed's parked
-	claimMu     sync.Mutex // one claim at a time, numbered by order
-	order       *sequencer
-	pubMu       sync.Mutex                           // one Publish at a time unless concurrent
-	concurrent  bool                                 // the publisher may be called from several lanes at once
-	ordered     bool                                 // the store keeps the order of each key
-	backlog     chan struct{}                        // full claims call extra lanes in
-	pollFirst   time.Duration                        // the first wait after an empty claim
-	backoff     outbox.BackoffFunc                   // waits after broker or database failures
-	sleepHook   func(d time.Duration, wakeable bool) // tests: replaces sleeping
+	health          atomic.Pointer[Health]
+	obs             Observer
+	maxAttempts     int        // the store's, when it says; for Observer.Failed's parked
+	claimMu         sync.Mutex // one claim at a time, numbered by order
+	order           *sequencer
+	pubMu           sync.Mutex                           // one Publish at a time unless concurrent
+	concurrent      bool                                 // the publisher may be called from several lanes at once
+	ordered         bool                                 // the store keeps the order of each key
+	backlog         chan struct{}                        // full claims call extra lanes in
+	extraMu         sync.Mutex                           // guards extraQuiet
+	extraQuiet      time.Duration                        // how long extra lanes stay away after finding nothing
+	extraQuietUntil atomic.Int64                         // unix nanoseconds until which they are not called in
+	pollFirst       time.Duration                        // the first wait after an empty claim
+	backoff         outbox.BackoffFunc                   // waits after broker or database failures
+	sleepHook       func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
 
 type counters struct {

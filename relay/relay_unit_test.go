@@ -622,3 +622,39 @@ func TestOrderedTimeoutEndsRounds(t *testing.T) {
 	require.Equal(t, []string{"a1"}, rounds)
 	require.Equal(t, []string{"claim a1,a2,a3", "published a1", "release a2,a3"}, store.log())
 }
+
+// TestExtraLanesStayAwayAfterFindingNothing: an extra lane called in for
+// nothing keeps extra lanes from being called in for a poll interval,
+// doubling while they keep finding nothing, up to extraQuietMax.
+func TestExtraLanesStayAwayAfterFindingNothing(t *testing.T) {
+	t.Parallel()
+	r := newTestRelay(t, &fakeStore{}, PublisherFunc(publishNothing), &Config{MaxInFlight: 2, BatchSize: 10, PollInterval: time.Second})
+	signalled := func() bool {
+		select {
+		case <-r.backlog:
+			return true
+		default:
+			return false
+		}
+	}
+	r.signalBacklog(10)
+	require.True(t, signalled(), "a full claim calls an extra lane in")
+	r.signalBacklog(9)
+	require.False(t, signalled(), "a claim that was not full does not")
+
+	r.extraFound(false)
+	require.Equal(t, time.Second, r.extraQuiet)
+	r.signalBacklog(10)
+	require.False(t, signalled(), "not while extra lanes stay away")
+	r.extraFound(false)
+	r.extraFound(false)
+	require.Equal(t, extraQuietMax, r.extraQuiet)
+	r.extraFound(true)
+	require.Zero(t, r.extraQuiet)
+	r.extraQuietUntil.Store(0)
+	r.signalBacklog(10)
+	require.True(t, signalled())
+}
+
+// publishNothing is a Publisher function for tests that never publish.
+func publishNothing(context.Context, []outbox.Message) []error { return nil }

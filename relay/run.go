@@ -157,14 +157,33 @@ func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, er
 }
 
 // signalBacklog asks an idle extra lane to claim the next batch while this
-// one is published, when a claim came back full.
+// one is published, when a claim came back full, unless extra lanes have
+// lately been called in for nothing.
 func (r *Relay) signalBacklog(claimed int) {
-	if claimed == r.cfg.BatchSize {
+	if claimed == r.cfg.BatchSize && time.Now().UnixNano() >= r.extraQuietUntil.Load() {
 		select {
 		case r.backlog <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// extraFound records whether an extra lane's claim found messages. One
+// that found none was called in by a full claim whose followers wait for
+// it: in ordered mode, the rest of a key whose first messages are in
+// flight. Looking past them again at every full claim would cost the
+// database a walk over that key's messages each time, so extra lanes are
+// not called in again for a while: a poll interval, doubling while they
+// keep finding nothing, up to extraQuietMax.
+func (r *Relay) extraFound(found bool) {
+	r.extraMu.Lock()
+	defer r.extraMu.Unlock()
+	if found {
+		r.extraQuiet = 0
+		return
+	}
+	r.extraQuiet = min(max(2*r.extraQuiet, r.cfg.PollInterval), extraQuietMax)
+	r.extraQuietUntil.Store(time.Now().Add(r.extraQuiet).UnixNano())
 }
 
 // extraLane claims, publishes and settles while claims come back full,
@@ -189,6 +208,7 @@ func (r *Relay) extraLane(ctx context.Context) error {
 				break
 			}
 			failures = 0
+			r.extraFound(res.claimed > 0)
 			if res.claimed < r.cfg.BatchSize {
 				break
 			}
