@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"entgo.io/ent"
 	"entgo.io/ent/dialect"
@@ -32,6 +33,12 @@ type testBundle struct {
 
 func setup(t testing.TB) *testBundle {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with an Outbox of the given configuration.
+func setupWith(t testing.TB, cfg *entoutbox.Config) *testBundle {
+	t.Helper()
 	ctx := context.Background()
 	db, sch := dbtest.SchemaDB(t)
 	store, err := outbox.NewStore(db, nil)
@@ -40,7 +47,7 @@ func setup(t testing.TB) *testBundle {
 
 	client := testent.NewClient(testent.Driver(entsql.OpenDB(dialect.Postgres, db)))
 	require.NoError(t, client.Schema.Create(ctx))
-	ob, err := entoutbox.New(nil)
+	ob, err := entoutbox.New(cfg)
 	require.NoError(t, err)
 	client.Use(entoutbox.Hook[*testent.Tx](ob))
 	return &testBundle{client: client, ob: ob, db: db, other: dbtest.DB(t), schema: sch}
@@ -216,4 +223,38 @@ func TestInvalidConfig(t *testing.T) {
 	t.Parallel()
 	_, err := entoutbox.New(&entoutbox.Config{Table: "bad name"})
 	require.ErrorIs(t, err, outbox.ErrInvalidTable)
+}
+
+// TestOrderedMode: with Config.Ordering, a transaction that writes an
+// event of a key holds the key until it ends: a second writer of the key
+// waits for it.
+func TestOrderedMode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupWith(t, &entoutbox.Config{Ordering: outbox.OrderedByKey})
+	first, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	_, err = first.Order.Create().SetTotal(1).Save(entoutbox.WithEvents(ctx, evt("order.placed", "order-5")))
+	require.NoError(t, err)
+
+	second, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	rows, err := second.QueryContext(ctx, "SELECT pg_backend_pid()")
+	require.NoError(t, err)
+	var pid int
+	require.True(t, rows.Next())
+	require.NoError(t, rows.Scan(&pid))
+	require.NoError(t, rows.Close())
+	done := make(chan error, 1)
+	go func() {
+		_, err := second.Order.Create().SetTotal(2).Save(entoutbox.WithEvents(ctx, evt("order.paid", "order-5")))
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, b.other, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'advisory'", pid) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the second writer of order-5 waits")
+	require.NoError(t, first.Commit())
+	require.NoError(t, <-done)
+	require.NoError(t, second.Commit())
+	require.Equal(t, []string{"order.placed/order-5", "order.paid/order-5"}, b.events(t))
 }
