@@ -53,9 +53,9 @@
 // in rounds: the first message of every key, then, once the broker
 // confirmed them, the second of each key, and so on; a key whose message
 // was not confirmed has its later messages released (Observer.Released with
-// ReleasedOrder), and the relay reconciles the store's held messages every
-// second (Reconciler). Claims in that mode never give two relays messages
-// of one key.
+// ReleasedOrder). Claims in that mode never give two relays messages of one
+// key. A relay reconciles the store's held messages every second
+// (Reconciler), in either mode.
 //
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as
