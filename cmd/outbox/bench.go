@@ -11,10 +11,8 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -191,74 +189,6 @@ type bencher struct {
 	stderr          io.Writer
 	phases          *phaseObserver // of the last relay run
 }
-
-// phaseObserver records how long the relay's claims, publishes (confirms
-// included) and settles took, to show what bounds a figure.
-type phaseObserver struct {
-	relay.NopObserver
-	mu                     sync.Mutex
-	claim, publish, settle []time.Duration
-	batch                  []float64
-}
-
-func (o *phaseObserver) Claimed(_ context.Context, n int, took time.Duration, err error) {
-	if n > 0 && err == nil {
-		o.mu.Lock()
-		o.claim, o.batch = append(o.claim, took), append(o.batch, float64(n))
-		o.mu.Unlock()
-	}
-}
-
-func (o *phaseObserver) Published(_ context.Context, _ int, took time.Duration) {
-	o.mu.Lock()
-	o.publish = append(o.publish, took)
-	o.mu.Unlock()
-}
-
-func (o *phaseObserver) Settled(_ context.Context, took time.Duration, _ error) {
-	o.mu.Lock()
-	o.settle = append(o.settle, took)
-	o.mu.Unlock()
-}
-
-// String summarises the phases: p50 and p99 of each, the mean batch.
-func (o *phaseObserver) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.claim) == 0 {
-		return "no batches"
-	}
-	p := func(d []time.Duration) string {
-		s := slices.Sorted(slices.Values(d))
-		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(percentile(s, 0.5)), ms(percentile(s, 0.99)))
-	}
-	var sum float64
-	for _, n := range o.batch {
-		sum += n
-	}
-	return fmt.Sprintf("%d batches of %.1f messages on average; claim %s; publish with confirms %s; settle %s",
-		len(o.batch), sum/float64(len(o.batch)), p(o.claim), p(o.publish), p(o.settle))
-}
-
-// percentile returns the p-th value of sorted, 0 ≤ p ≤ 1.
-func percentile[T any](sorted []T, p float64) T {
-	return sorted[int(p*float64(len(sorted)-1))]
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// figure is one measurement over several runs.
-type figure []float64
-
-// format prints the median with its unit and the range, "4.5 ms [3.8–5.4]".
-func (f figure) format(verb, unit string) string {
-	s := slices.Sorted(slices.Values(f))
-	return fmt.Sprintf(verb+unit+" ["+verb+"–"+verb+"]", percentile(s, 0.5), s[0], s[len(s)-1])
-}
-
-func (f figure) String() string { return f.format("%.0f", "") }
-
-func (f figure) median() float64 { return percentile(slices.Sorted(slices.Values(f)), 0.5) }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 	var broker, relayed, ordered figure
@@ -494,104 +424,6 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 		fmt.Fprintf(b.stderr, "bench: relay %d failed, %d released\n", st.Failed, st.Released)
 	}
 	return float64(b.o.messages) / elapsed.Seconds(), late, nil
-}
-
-// latency writes one message per transaction at the configured rate,
-// shared by the writers, while the relay runs, and reports the time from
-// each commit to its first delivery.
-func (b *bencher) latency(ctx context.Context, out io.Writer) error {
-	pcts := []float64{0.5, 0.9, 0.99, 1}
-	figures := make([]figure, len(pcts))
-	for run := 1; run <= b.o.runs; run++ {
-		lat, err := b.latencyRun(ctx)
-		if err != nil {
-			return err
-		}
-		slices.Sort(lat)
-		for i, p := range pcts {
-			figures[i] = append(figures[i], ms(percentile(lat, p)))
-		}
-		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms; relay: %s\n", run, figures[0][run-1], figures[2][run-1], b.phases)
-	}
-	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction: p50 %s, p90 %s, p99 %s, max %s\n",
-		b.o.rate, b.o.writers, figures[0].format("%.1f", " ms"), figures[1].format("%.1f", " ms"), figures[2].format("%.1f", " ms"), figures[3].format("%.1f", " ms"))
-	return nil
-}
-
-func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
-	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
-		return nil, err
-	}
-	var (
-		mu        sync.Mutex
-		committed = make(map[string]time.Time, b.o.messages)
-		arrived   = make(map[string]time.Time, b.o.messages)
-	)
-	wait, err := b.consume(ctx, b.o.messages, func(d *amqp.Delivery) {
-		now := time.Now()
-		key, _ := d.Headers[relay.KeyHeader].(string)
-		mu.Lock()
-		arrived[key] = now
-		mu.Unlock()
-	})
-	if err != nil {
-		return nil, err
-	}
-	stop, err := b.startRelay(ctx, b.store)
-	if err != nil {
-		return nil, err
-	}
-	defer stop()
-
-	// Each writer writes every writers-th message on its own schedule.
-	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / b.o.rate)
-	errs := make(chan error, b.o.writers)
-	for w := range b.o.writers {
-		go func() {
-			next := time.Now().Add(time.Duration(w) * interval / time.Duration(b.o.writers))
-			for i := w; i < b.o.messages; i += b.o.writers {
-				if d := time.Until(next); d > 0 {
-					select {
-					case <-ctx.Done():
-						errs <- ctx.Err()
-						return
-					case <-time.After(d):
-					}
-				}
-				next = next.Add(interval)
-				key := strconv.Itoa(i)
-				if err := b.write(ctx, b.store, []string{key}); err != nil {
-					errs <- err
-					return
-				}
-				now := time.Now()
-				mu.Lock()
-				committed[key] = now
-				mu.Unlock()
-			}
-			errs <- nil
-		}()
-	}
-	for range b.o.writers {
-		if err := <-errs; err != nil {
-			return nil, err
-		}
-	}
-	if err := wait(); err != nil {
-		return nil, err
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	lat := make([]time.Duration, 0, len(committed))
-	for k, t := range committed {
-		if a, ok := arrived[k]; ok {
-			lat = append(lat, max(a.Sub(t), 0)) // a delivery can beat the commit's return to the writer
-		}
-	}
-	if len(lat) == 0 {
-		return nil, fmt.Errorf("no latency measured")
-	}
-	return lat, nil
 }
 
 // noWakeups hides Store.Subscribe from a relay, and keeps the mode.
