@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -18,8 +19,16 @@ import (
 // the middle of a stream. Publishes are nacked until a new leader is
 // elected: the relay must release them without counting attempts, replace
 // its channel, and deliver everything through the surviving nodes, parking
-// nothing. Runs only with OUTBOX_CLUSTER_TEST=1 (root, about a minute).
+// nothing. In ordered mode every key's first deliveries also keep the order
+// of writing. Runs only with OUTBOX_CLUSTER_TEST=1 (root, about a minute
+// per mode: each starts a cluster of its own).
 func TestQuorumLeaderKilled(t *testing.T) {
+	for _, ordering := range []outbox.Ordering{outbox.Unordered, outbox.OrderedByKey} {
+		t.Run(ordering.String(), func(t *testing.T) { quorumLeaderKilled(t, ordering) })
+	}
+}
+
+func quorumLeaderKilled(t *testing.T, ordering outbox.Ordering) {
 	cluster := amqptest.StartCluster(t)
 	const n = 20_000
 	exchange, queue := amqptest.Name(t, "x"), amqptest.Name(t, "q")
@@ -35,7 +44,7 @@ func TestQuorumLeaderKilled(t *testing.T) {
 
 	db := dbtest.DB(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Router: outbox.ToExchange(exchange),
-		MaxAttempts: 3, Logger: dbtest.Logger(t)})
+		MaxAttempts: 3, Logger: dbtest.Logger(t), Ordering: ordering})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
 	b := &testBundle{db: db, store: store}
@@ -57,6 +66,7 @@ func TestQuorumLeaderKilled(t *testing.T) {
 				evts := make([]outbox.Event, 100)
 				for k := range evts {
 					evts[k] = small(i + k)
+					evts[k].Key = fmt.Sprint("order-", (i+k)%500) // 40 messages a key
 				}
 				if err = store.Add(context.Background(), tx, evts...); err == nil {
 					err = tx.Commit()
@@ -81,7 +91,11 @@ func TestQuorumLeaderKilled(t *testing.T) {
 	conn, err = amqp.Dial(survivor)
 	require.NoError(t, err)
 	defer conn.Close()
-	b.consumer = amqptest.Consume(t, conn, queue)
+	log := amqptest.NewOrderLog()
+	b.consumer = amqptest.ConsumeFunc(t, conn, queue, log.Record)
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == n }, time.Minute, 50*time.Millisecond)
-	t.Logf("issue 13 H: %d delivered, %d duplicates; relay stats %+v", b.consumer.Distinct(), b.consumer.Total()-b.consumer.Distinct(), r.Stats())
+	if ordering == outbox.OrderedByKey {
+		requireKeyOrder(t, b, log)
+	}
+	t.Logf("issue 13 H, %s: %d delivered, %d duplicates; relay stats %+v", ordering, b.consumer.Distinct(), b.consumer.Total()-b.consumer.Distinct(), r.Stats())
 }
