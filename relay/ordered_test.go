@@ -237,3 +237,33 @@ func TestOrderedHotKeyDoesNotHoldUpOthers(t *testing.T) {
 	requireKeyOrder(t, b, log)
 	t.Logf("all %d other keys delivered when %d of %d hot messages were", others, hotSoFar, hot)
 }
+
+// TestOrderedFrameTooLargeHoldsOnlyItsKey: a row whose header is larger
+// than a frame makes the broker close the connection without naming it; the
+// relay isolates it within its round, parks it, and holds only the later
+// messages of its key: every other key is delivered, with no attempt.
+func TestOrderedFrameTooLargeHoldsOnlyItsKey(t *testing.T) {
+	t.Parallel()
+	log := amqptest.NewOrderLog()
+	b := setupFunc(t, &outbox.StoreConfig{Ordering: outbox.OrderedByKey, MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }}, log.Record)
+	good := func(i int) outbox.Event { return outbox.Event{Type: "order.placed", Key: fmt.Sprint("k", i%5)} }
+	b.write(t, 10, 10, good)
+	_, err := b.db.Exec(`INSERT INTO "`+b.store.Table()+`" (id, event_type, event_key, exchange, routing_key, payload, headers)
+		VALUES (gen_random_uuid(), 'huge.header', 'bad', $1, 'huge.header', '\x7b7d', jsonb_build_object('h', repeat('x', 200 * 1024)))`, b.top.Exchange)
+	require.NoError(t, err)
+	b.write(t, 5, 5, func(i int) outbox.Event { return outbox.Event{Type: "order.changed", Key: "bad"} })
+	b.write(t, 10, 10, good)
+	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+
+	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL AND last_error LIKE '%FRAME_ERROR%'") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.consumer.Distinct() == 20 }, 30*time.Second, 20*time.Millisecond)
+	require.Empty(t, log.Keys()["bad"], "nothing of the poisoned key is published")
+	require.EqualValues(t, 5, b.count(t, "event_key = 'bad' AND held AND attempts = 0"))
+	require.Zero(t, b.count(t, "event_key <> 'bad' AND attempts > 0"), "no attempt is counted against the others")
+	got := log.Keys()
+	for key, ids := range dbtest.IDsByKey(t, b.db, `"`+b.store.Table()+`"`) {
+		if key != "bad" {
+			require.Equal(t, ids, got[key], "key %s in the order of writing", key)
+		}
+	}
+}
