@@ -20,8 +20,8 @@ const usage = `outbox: the relay and operator tool of github.com/acemq/outbox
 
 Usage:
   outbox relay   [flags]             publish the outbox to RabbitMQ until SIGINT/SIGTERM
-  outbox status  [flags]             pending, claimed, parked, oldest pending age
-  outbox parked  [flags]             list parked messages with their last errors
+  outbox status  [flags]             pending, claimed, parked, oldest pending age, blocked keys
+  outbox parked  [flags]             list parked messages with their keys and last errors
   outbox retry   [flags] ID...       re-arm parked messages (--all-parked for all of them)
   outbox discard [flags] ID...       give up on parked messages, keeping their record
   outbox purge   --older-than 168h   delete published messages older than that

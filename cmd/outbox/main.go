@@ -2,7 +2,7 @@
 // gives operators their view of an outbox table.
 //
 //	outbox relay   [flags]            publish the outbox to RabbitMQ until SIGINT/SIGTERM
-//	outbox status  [flags]            pending, claimed, parked, oldest pending age
+//	outbox status  [flags]            pending, claimed, parked, oldest pending age, blocked keys
 //	outbox parked  [flags]            list parked messages with their last errors
 //	outbox retry   [flags] ID...      re-arm parked messages (--all-parked for all)
 //	outbox discard [flags] ID...      give up on parked messages, keeping their record
