@@ -123,7 +123,9 @@ func (t table) orderSQL() string {
 		"{seqname}", strings.ReplaceAll(t.qualified(t.name+"_seq"), "'", "''"), "{claim_idx}", t.qualified(t.name+"_claim_idx"), "{name}", t.name)
 	return r.Replace(`-- The order the database assigns to messages as they are written: claims
 -- follow it, and ordered mode keeps it per key. The roles that write events
--- need USAGE on the sequence (GRANT USAGE ON SEQUENCE ... TO ...).
+-- need USAGE on the sequence (GRANT USAGE ON SEQUENCE ... TO ...). Keep its
+-- CACHE at 1: sessions caching blocks of numbers would hand a later writer
+-- a smaller one.
 CREATE SEQUENCE IF NOT EXISTS {seq};
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER TABLE {table} ALTER COLUMN seq SET DEFAULT nextval('{seqname}');

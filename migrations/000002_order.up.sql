@@ -3,7 +3,9 @@
 
 -- The order the database assigns to messages as they are written: claims
 -- follow it, and ordered mode keeps it per key. The roles that write events
--- need USAGE on the sequence (GRANT USAGE ON SEQUENCE ... TO ...).
+-- need USAGE on the sequence (GRANT USAGE ON SEQUENCE ... TO ...). Keep its
+-- CACHE at 1: sessions caching blocks of numbers would hand a later writer
+-- a smaller one.
 CREATE SEQUENCE IF NOT EXISTS "outbox_seq";
 ALTER TABLE "outbox" ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER TABLE "outbox" ALTER COLUMN seq SET DEFAULT nextval('"outbox_seq"');
