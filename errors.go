@@ -26,6 +26,11 @@ var (
 
 	// ErrLeaseLost matches a *LeaseLostError with errors.Is.
 	ErrLeaseLost = errors.New("outbox: lease lost")
+
+	// ErrOrderingUnsafe is returned, wrapped with the reason, by
+	// Store.CheckOrdering when the table cannot keep the order of ordered
+	// mode as it is set up.
+	ErrOrderingUnsafe = errors.New("outbox: the table cannot keep per-key order")
 )
 
 // LeaseLostError reports messages that MarkPublished, MarkFailed or Release

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -308,6 +309,36 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	}
 	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
 	return g, nil
+}
+
+// CheckOrdering reports whether the table can keep the order of ordered
+// mode: it must have the second version's order (seq; apply migration
+// 000002), and the sequence behind seq must not cache numbers (CACHE 1),
+// or sessions holding cached blocks would give a later writer of a key a
+// smaller number than an earlier one. The error wraps ErrOrderingUnsafe
+// when the table is set up wrong, and is another error when it could not
+// be read. Relays in ordered mode check it when they start.
+func (s *Store) CheckOrdering(ctx context.Context) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	var cache sql.NullInt64
+	err = db.QueryRowContext(ctx, `SELECT s.seqcache FROM pg_attribute AS a
+LEFT JOIN pg_depend AS d ON d.refobjid = a.attrelid AND d.refobjsubid = a.attnum AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'
+LEFT JOIN pg_sequence AS s ON s.seqrelid = d.objid
+WHERE a.attrelid = to_regclass($1) AND a.attname = 'seq' AND NOT a.attisdropped`, s.t.quoted).Scan(&cache)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%w: %s has no seq column: apply migration 000002 (or `outbox schema --apply`)", ErrOrderingUnsafe, s.t.full)
+	case err != nil:
+		return fmt.Errorf("outbox: checking the order of %s: %w", s.t.full, err)
+	case !cache.Valid:
+		return fmt.Errorf("%w: the seq column of %s is not numbered by its own sequence: apply migration 000002", ErrOrderingUnsafe, s.t.full)
+	case cache.Int64 > 1:
+		return fmt.Errorf("%w: the sequence of %s caches %d numbers per session, so a later writer of a key can get a smaller one: ALTER SEQUENCE ... CACHE 1", ErrOrderingUnsafe, s.t.full, cache.Int64)
+	}
+	return nil
 }
 
 // HasNotifyTrigger reports whether the table has the LISTEN/NOTIFY trigger

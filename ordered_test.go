@@ -473,3 +473,35 @@ func TestOrderedClaimIsBoundedByBytes(t *testing.T) {
 	_, got = claimed(t, b.store, 10)
 	require.Equal(t, []string{p("a", 3) + string(make([]byte, 1000))}, got)
 }
+
+// TestCheckOrdering: a table of the current version keeps order; one whose
+// sequence caches numbers, or of the first version, cannot, and says why.
+func TestCheckOrdering(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ordered())
+	require.NoError(t, b.store.CheckOrdering(ctx))
+	_, err := b.db.ExecContext(ctx, `ALTER SEQUENCE "`+b.table+`_seq" CACHE 20`)
+	require.NoError(t, err)
+	err = b.store.CheckOrdering(ctx)
+	require.ErrorIs(t, err, outbox.ErrOrderingUnsafe)
+	require.ErrorContains(t, err, "caches 20 numbers per session")
+
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	v1, err := outbox.SchemaV1(table)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, v1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	old, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Ordering: outbox.OrderedByKey})
+	require.NoError(t, err)
+	err = old.CheckOrdering(ctx)
+	require.ErrorIs(t, err, outbox.ErrOrderingUnsafe)
+	require.ErrorContains(t, err, "apply migration 000002")
+
+	// A relay in ordered mode will not run on it.
+	r, err := relay.New(old, newPublisher(t), &relay.Config{Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.ErrorIs(t, r.Run(ctx), outbox.ErrOrderingUnsafe)
+}

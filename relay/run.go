@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/acemq/outbox"
 )
 
 // Run relays messages until ctx ends, then shuts down gracefully: it claims
@@ -19,13 +21,18 @@ import (
 // permission) are retried too, since an operator may fix them while the
 // relay runs, but logged at error level as permanent. Run returns an error
 // when it is already running, when its publisher was closed
-// (ErrPublisherClosed) and when the store has no pool (outbox.ErrNoPool):
-// those cannot change while it runs.
+// (ErrPublisherClosed), when the store has no pool (outbox.ErrNoPool), and
+// in ordered mode when the table cannot keep the order
+// (outbox.ErrOrderingUnsafe, see outbox.Store.CheckOrdering): those cannot
+// change while it runs.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
+	if err := r.checkOrdering(ctx); err != nil {
+		return err
+	}
 	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Bool("ordered", r.ordered))
 
@@ -93,6 +100,25 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fatalErr
 	}
 	r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
+	return nil
+}
+
+// checkOrdering refuses to run in ordered mode on a table that cannot keep
+// the order (outbox.ErrOrderingUnsafe), when the store can tell. A check
+// that fails otherwise (the database is down) is left to the claims.
+func (r *Relay) checkOrdering(ctx context.Context) error {
+	c, ok := r.store.(interface{ CheckOrdering(context.Context) error })
+	if !r.ordered || !ok {
+		return nil
+	}
+	err := c.CheckOrdering(ctx)
+	switch {
+	case errors.Is(err, outbox.ErrOrderingUnsafe):
+		r.logger.ErrorContext(ctx, "relay: Not started: the table cannot keep per-key order", slog.String("error", err.Error()))
+		return err
+	case err != nil:
+		r.logger.WarnContext(ctx, "relay: Could not check that the table keeps per-key order", slog.String("error", err.Error()))
+	}
 	return nil
 }
 
