@@ -3,7 +3,6 @@ package outbox
 import (
 	"cmp"
 	"slices"
-
 	"time"
 )
 

@@ -604,10 +604,14 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "StoreConfig.MaxAttempts")
 	_, err = outbox.NewStore(nil, &outbox.StoreConfig{PurgeBatchSize: -1})
 	require.ErrorContains(t, err, "StoreConfig.PurgeBatchSize")
+	_, err = outbox.NewStore(nil, &outbox.StoreConfig{Ordering: 7})
+	require.ErrorContains(t, err, "StoreConfig.Ordering must be Unordered or OrderedByKey (got 7)")
 	s, err := outbox.NewStore(nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, outbox.TableDefault, s.Table())
 	require.Equal(t, outbox.MaxAttemptsDefault, s.MaxAttempts())
+	require.Equal(t, outbox.Unordered, s.Ordering())
+	require.Equal(t, "ordered by key", outbox.OrderedByKey.String())
 }
 
 func TestContextCancellation(t *testing.T) {
