@@ -36,7 +36,11 @@ type ConcurrentPublisher interface {
 }
 
 // Store is the part of *outbox.Store the relay uses. It exists so that tests
-// can substitute it; *outbox.Store is the implementation.
+// can substitute it; *outbox.Store is the implementation. The relay also
+// uses, when the store has them, Ordering() outbox.Ordering (ordered mode
+// publishes a key's messages one confirm after another), CheckOrdering,
+// Reconciler, Subscriber, Purger and MaxAttempts: a type that wraps an
+// *outbox.Store must pass them through, Ordering above all.
 type Store interface {
 	Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error)
 	MarkPublished(ctx context.Context, msgs ...outbox.Message) error
