@@ -35,7 +35,8 @@ type ConsumerConfig struct {
 	URLs []string
 
 	// Prefetch is how many unacked deliveries the broker sends ahead.
-	// Defaults to 50.
+	// Defaults to 50. Use 1 to keep per-key order through failed handlers
+	// (see the package documentation).
 	Prefetch int
 
 	// ConnectionName names the connection in the broker's management UI.

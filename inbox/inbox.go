@@ -25,9 +25,23 @@
 // exchange gets it) and recorded with its error.
 //
 // Inbox.Consumer runs the loop around Handle: prefetch, manual acks,
-// reconnection after a connection loss, graceful shutdown. This package
-// uses database/sql and amqp091-go only; ORM conveniences and purging are
-// to come (see the project's issue 12).
+// reconnection after a connection loss, graceful shutdown, purging. This
+// package uses database/sql and amqp091-go only; packages inboxgorm and
+// inboxent put a GORM session or an ent client in the inbox's transaction.
+//
+// # Order
+//
+// With the outbox in ordered mode (outbox.OrderedByKey), a queue with one
+// consumer (or RabbitMQ's single active consumer) receives the first
+// deliveries of each key in the order the events were written, and since
+// effects are applied at a message's first successful handling, they
+// follow that order as long as deliveries are handled one after another and
+// none is retried. A failed handler requeues its delivery: with
+// ConsumerConfig.Prefetch above 1, the deliveries already sent behind it
+// are handled before its retry. A consumer that must keep the order through
+// failures uses Prefetch 1, so that the broker sends nothing else until
+// the failed delivery comes back; a delivery dead-lettered after
+// MaxAttempts lets the rest of its key go on.
 package inbox
 
 import (
