@@ -149,3 +149,47 @@ func TestConsumerObserverAndPurge(t *testing.T) {
 	require.Zero(t, dbtest.Count(t, w.db, `SELECT count(*) FROM "`+w.table+`" WHERE message_id = 'ancient'`))
 	require.EqualValues(t, 1, dbtest.Count(t, w.db, `SELECT count(*) FROM "`+w.table+`" WHERE message_id = 'a'`), "recent records stay")
 }
+
+// A consumer with Prefetch 1 keeps the order of the queue through failed
+// handlers: a requeued delivery comes back before the ones behind it, so
+// effects are applied in the order of the first deliveries.
+func TestPrefetchOneKeepsOrderThroughFailures(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	w := setup(t, 0)
+	require.NoError(t, w.ch.Cancel(testConsumerTag, false))
+	var (
+		mu      sync.Mutex
+		applied []string
+		failed  = map[string]int{}
+	)
+	handler := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if (d.MessageId == "m-3" || d.MessageId == "m-6") && failed[d.MessageId] < 2 {
+			failed[d.MessageId]++
+			return fmt.Errorf("a passing failure of %s", d.MessageId)
+		}
+		applied = append(applied, d.MessageId)
+		return w.effect(ctx, tx, d)
+	}
+	for i := range n {
+		w.publish(t, fmt.Sprint("m-", i))
+	}
+	c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: handler, URLs: []string{amqptest.URL()}, Prefetch: 1, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Eventually(t, func() bool { return w.effects(t) == n }, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{"m-3": 2, "m-6": 2}, failed)
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprint("m-", i)
+	}
+	require.Equal(t, want, applied)
+}
