@@ -48,10 +48,25 @@ const heldKeys = `RECURSIVE held_keys AS (
 )`
 
 // headOf is the first unpublished message of the key of the row named
-// k0: the one ordered mode publishes next.
-const headOf = `(SELECT h.id, h.seq, h.held, h.parked_at, h.attempts FROM {table} AS h
-	WHERE h.event_key = k0.event_key AND h.published_at IS NULL AND h.event_key <> ''
+// outer: the one ordered mode publishes next (one probe of the key index).
+func headOf(outer string) string {
+	return `(SELECT h.id, h.seq, h.held, h.parked_at, h.attempts, h.available_at, h.claimed_until FROM {table} AS h
+	WHERE h.event_key = ` + outer + `.event_key AND h.published_at IS NULL AND h.event_key <> ''
 	ORDER BY h.seq LIMIT 1)`
+}
+
+// changing is a statement that changes parked messages (set, where) and
+// brings back the messages held behind them, and returns how many it
+// changed: Retry, RetryAllParked, Discard.
+func changing(set, where string) string {
+	return `WITH changed AS (
+	UPDATE {table}
+	SET ` + set + `
+	WHERE ` + where + `
+	RETURNING id, event_key
+){unheld}
+SELECT count(*) FROM changed`
+}
 
 // failing says that the head has failed and is not published yet: it is
 // parked, backing off, or ready to be tried again. Its key's later messages
@@ -114,33 +129,14 @@ LIMIT $1`),
 
 		// Re-arming or discarding a parked message brings back the
 		// messages held behind it.
-		retry: r2(`WITH changed AS (
-	UPDATE {table}
-	SET parked_at = NULL, attempts = 0, available_at = now()
-	WHERE id = ANY($1::uuid[]) AND {parked}
-	RETURNING id, event_key
-){unheld}
-SELECT count(*) FROM changed`),
-
-		retryAll: r2(`WITH changed AS (
-	UPDATE {table}
-	SET parked_at = NULL, attempts = 0, available_at = now()
-	WHERE {parked}
-	RETURNING id, event_key
-){unheld}
-SELECT count(*) FROM changed`),
+		retry:    r2(changing(rearm, `id = ANY($1::uuid[]) AND {parked}`)),
+		retryAll: r2(changing(rearm, `{parked}`)),
 
 		// Only parked messages can be given up on. The row stays, with its
 		// attempts and last error; published_at takes it out of the
 		// outbox's work (and, in ordered mode, unblocks its key) and lets
 		// it be purged with the published history.
-		discard: r2(`WITH changed AS (
-	UPDATE {table}
-	SET published_at = now(), discarded_at = now()
-	WHERE id = ANY($1::uuid[]) AND {parked}
-	RETURNING id, event_key
-){unheld}
-SELECT count(*) FROM changed`),
+		discard: r2(changing(`published_at = now(), discarded_at = now()`, `id = ANY($1::uuid[]) AND {parked}`)),
 
 		// Each part is answered by a partial index. The counts stop at $1.
 		gauges: r2(`SELECT
@@ -183,7 +179,7 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 	SELECT DISTINCT event_key FROM {table} WHERE {parked} AND event_key <> ''
 ), failing AS (
 	SELECT f.event_key, f.seq FROM {table} AS f
-	WHERE f.id IN (SELECT head.id FROM keys AS k0, LATERAL ` + headOf + ` AS head WHERE {failing})
+	WHERE f.id IN (SELECT head.id FROM keys AS k0, LATERAL ` + headOf("k0") + ` AS head WHERE {failing})
 	  AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.attempts > 0)
 	FOR SHARE OF f SKIP LOCKED
 ), targets AS (
@@ -201,7 +197,7 @@ UPDATE {table} SET held = true WHERE id IN (SELECT id FROM targets)`),
 		unhold: r2(`WITH {held_keys}, free AS MATERIALIZED (
 	SELECT k0.event_key FROM held_keys AS k0
 	WHERE k0.event_key IS NOT NULL
-	  AND NOT EXISTS (SELECT 1 FROM ` + headOf + ` AS head WHERE {failing})
+	  AND NOT EXISTS (SELECT 1 FROM ` + headOf("k0") + ` AS head WHERE {failing})
 ), targets AS (
 	SELECT r.id FROM {table} AS r
 	JOIN free ON r.event_key = free.event_key
@@ -241,6 +237,9 @@ SELECT attempts, parked FROM failed`)
 	}
 	return q
 }
+
+// rearm is what Retry does to a parked message.
+const rearm = `parked_at = NULL, attempts = 0, available_at = now()`
 
 // markFailedSQL counts a failed attempt, fenced by the claim token, and
 // parks the message at the last one.
@@ -303,7 +302,7 @@ RETURNING {columns}`
 // take turns), so it is visible too. Step 1 only keeps the rows of keys in
 // flight from being locked and from filling the LIMIT; the rows of blocked
 // keys are held, out of the claim index (see Store.Reconcile).
-const orderedClaimSQL = `UPDATE {table} AS o
+var orderedClaimSQL = `UPDATE {table} AS o
 SET claimed_until = now() + $2::bigint * interval '1 microsecond', claim_token = $3::uuid
 WHERE o.id = ANY(ARRAY(
 	WITH candidates AS MATERIALIZED (
@@ -313,11 +312,7 @@ WHERE o.id = ANY(ARRAY(
 		  AND c.available_at <= now()
 		  AND (c.claimed_until IS NULL OR c.claimed_until <= now())
 		  AND (c.event_key = '' OR NOT EXISTS (
-			SELECT 1 FROM (
-				SELECT h.id, h.parked_at, h.available_at, h.claimed_until FROM {table} AS h
-				WHERE h.event_key = c.event_key AND h.published_at IS NULL AND h.event_key <> ''
-				ORDER BY h.seq
-				LIMIT 1) AS head
+			SELECT 1 FROM ` + headOf("c") + ` AS head
 			WHERE head.id <> c.id
 			  AND (head.parked_at IS NOT NULL OR head.available_at > now() OR head.claimed_until > now())))
 		ORDER BY c.seq
