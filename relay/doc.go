@@ -54,8 +54,8 @@
 // confirmed them, the second of each key, and so on; a key whose message
 // was not confirmed has its later messages released (Observer.Released with
 // ReleasedOrder). Claims in that mode never give two relays messages of one
-// key. A relay reconciles the store's held messages every second
-// (Reconciler), in either mode.
+// key. A relay in ordered mode reconciles the store's held messages every
+// second (Reconciler); one in unordered mode once, when it starts.
 //
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as

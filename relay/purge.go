@@ -33,14 +33,14 @@ func (r *Relay) purge(ctx context.Context) {
 }
 
 // Reconciler is implemented by stores that set aside the messages of
-// blocked keys in ordered mode; *outbox.Store does. A relay calls Reconcile
-// every second (in unordered mode it only brings back what an ordered relay
-// held).
+// blocked keys in ordered mode; *outbox.Store does. A relay in ordered mode
+// calls Reconcile every second; one in unordered mode once, when it
+// starts, to bring back what an ordered relay held.
 type Reconciler interface {
 	Reconcile(ctx context.Context) (held, unheld int64, err error)
 }
 
-// reconcileInterval is how often a relay reconciles.
+// reconcileInterval is how often a relay in ordered mode reconciles.
 const reconcileInterval = time.Second
 
 func (r *Relay) reconcile(ctx context.Context) {

@@ -165,9 +165,9 @@ type Relay struct {
 	concurrent      bool                                 // the publisher may be called from several lanes at once
 	ordered         bool                                 // the store keeps the order of each key
 	backlog         chan struct{}                        // full claims call extra lanes in
-	extraMu         sync.Mutex                           // guards extraQuiet
+	extraMu         sync.Mutex                           // guards the two below
 	extraQuiet      time.Duration                        // how long extra lanes stay away after finding nothing
-	extraQuietUntil atomic.Int64                         // unix nanoseconds until which they are not called in
+	extraQuietUntil time.Time                            // until then, extra lanes are not called in
 	pollFirst       time.Duration                        // the first wait after an empty claim
 	backoff         outbox.BackoffFunc                   // waits after broker or database failures
 	sleepHook       func(d time.Duration, wakeable bool) // tests: replaces sleeping

@@ -553,7 +553,7 @@ func TestExtraLanesStayAwayAfterFindingNothing(t *testing.T) {
 	require.Equal(t, extraQuietMax, r.extraQuiet)
 	r.extraFound(true)
 	require.Zero(t, r.extraQuiet)
-	r.extraQuietUntil.Store(0)
+	r.extraQuietUntil = time.Time{}
 	r.signalBacklog(10)
 	require.True(t, signalled())
 }

@@ -38,24 +38,29 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	// Purging and reconciling run beside the loop: deleting millions of old
 	// rows must not hold up publishing.
-	var purges sync.WaitGroup
-	purgeCtx, stopPurging := context.WithCancel(ctx)
-	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
-		purges.Add(1)
+	var beside sync.WaitGroup
+	besideCtx, stopBeside := context.WithCancel(ctx)
+	defer beside.Wait()
+	defer stopBeside()
+	run := func(f func(context.Context)) {
+		beside.Add(1)
 		go func() {
-			defer purges.Done()
-			every(purgeCtx, r.cfg.PurgeInterval, r.purge)
+			defer beside.Done()
+			f(besideCtx)
 		}()
+	}
+	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
+		run(func(ctx context.Context) { every(ctx, r.cfg.PurgeInterval, r.purge) })
 	}
 	if _, ok := r.store.(Reconciler); ok {
-		purges.Add(1)
-		go func() {
-			defer purges.Done()
-			every(purgeCtx, reconcileInterval, r.reconcile)
-		}()
+		if r.ordered {
+			run(func(ctx context.Context) { every(ctx, reconcileInterval, r.reconcile) })
+		} else {
+			// Unordered mode holds nothing: bring back, once, what an
+			// ordered relay held before the table changed modes.
+			run(r.reconcile)
+		}
 	}
-	defer purges.Wait()
-	defer stopPurging()
 
 	// Writers in this process wake the relay through the store.
 	var local <-chan struct{}
@@ -186,7 +191,13 @@ func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, er
 // one is published, when a claim came back full, unless extra lanes have
 // lately been called in for nothing.
 func (r *Relay) signalBacklog(claimed int) {
-	if claimed == r.cfg.BatchSize && time.Now().UnixNano() >= r.extraQuietUntil.Load() {
+	if claimed < r.cfg.BatchSize {
+		return
+	}
+	r.extraMu.Lock()
+	quiet := time.Now().Before(r.extraQuietUntil)
+	r.extraMu.Unlock()
+	if !quiet {
 		select {
 		case r.backlog <- struct{}{}:
 		default:
@@ -209,7 +220,7 @@ func (r *Relay) extraFound(found bool) {
 		return
 	}
 	r.extraQuiet = min(max(2*r.extraQuiet, r.cfg.PollInterval), extraQuietMax)
-	r.extraQuietUntil.Store(time.Now().Add(r.extraQuiet).UnixNano())
+	r.extraQuietUntil = time.Now().Add(r.extraQuiet)
 }
 
 // extraLane claims, publishes and settles while claims come back full,
