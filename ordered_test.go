@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -335,10 +336,7 @@ func TestOrderedWritersTakeTurns(t *testing.T) {
 	require.NoError(t, b.store.Add(ctx, late, keyed("order-1", 1)))
 	done := make(chan error, 1)
 	go func() { done <- b.store.Add(ctx, early, keyed("order-1", 2)) }()
-	// The early transaction waits for the key.
-	require.Eventually(t, func() bool {
-		return dbtest.Count(t, b.db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'", pid) == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	dbtest.AwaitAdvisoryWait(t, b.db, pid) // the early transaction waits for the key
 	// Other keys do not wait.
 	b.addCommitted(t, keyed("order-2", 1))
 	require.NoError(t, late.Commit())
@@ -348,12 +346,13 @@ func TestOrderedWritersTakeTurns(t *testing.T) {
 	_, got := claimed(t, b.store, 10)
 	require.Equal(t, []string{p("order-1", 1), p("order-2", 1), p("order-1", 2)}, got)
 
-	// A writer that rolls back lets the next one go, and leaves no gap that
-	// holds the key.
+	// A writer that rolls back lets the waiting one go, and leaves no gap
+	// that holds the key.
 	tx1, tx2 := begin(), begin()
+	require.NoError(t, tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	require.NoError(t, b.store.Add(ctx, tx1, keyed("order-3", 1)))
 	go func() { done <- b.store.Add(ctx, tx2, keyed("order-3", 2)) }()
-	time.Sleep(20 * time.Millisecond) // not a synchronisation: tx2 may or may not be waiting yet
+	dbtest.AwaitAdvisoryWait(t, b.db, pid)
 	require.NoError(t, tx1.Rollback())
 	require.NoError(t, <-done)
 	require.NoError(t, tx2.Commit())
@@ -439,15 +438,18 @@ func TestOrderedKeysOfAnyText(t *testing.T) {
 
 	other, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	defer other.Rollback() //nolint:errcheck
+	var pid int
+	require.NoError(t, other.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	require.NoError(t, b.store.Add(ctx, other, keyed("a", 1)), "another key does not wait")
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	err = b.store.Add(short, other, keyed(`a"b`, 2))
-	require.Error(t, err, "the same key waits for the first writer")
+	done := make(chan error, 1)
+	go func() { done <- b.store.Add(ctx, other, keyed(`a"b`, 2)) }()
+	dbtest.AwaitAdvisoryWait(t, b.db, pid) // the same key waits for the first writer
 	require.NoError(t, tx.Commit())
+	require.NoError(t, <-done)
+	require.NoError(t, other.Commit())
 	_, got := claimed(t, b.store, 10)
-	require.Len(t, got, len(odd))
+	require.Len(t, got, len(odd)+2, "the odd keys, a, and the second a\"b")
+	require.Less(t, slices.Index(got, p(`a"b`, 1)), slices.Index(got, p(`a"b`, 2)), "the second writer of a\"b comes second")
 }
 
 // TestOrderedClaimIsBoundedByBytes: the byte bound cuts a key's messages
@@ -487,13 +489,7 @@ func TestCheckOrdering(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrOrderingUnsafe)
 	require.ErrorContains(t, err, "caches 20 numbers per session")
 
-	db := dbtest.DB(t)
-	table := dbtest.Table(t)
-	v1, err := outbox.SchemaV1(table)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, v1)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	db, table := tableV1(t)
 	old, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Ordering: outbox.OrderedByKey})
 	require.NoError(t, err)
 	err = old.CheckOrdering(ctx)

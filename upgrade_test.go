@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -12,6 +13,20 @@ import (
 	"github.com/acemq/outbox/internal/dbtest"
 )
 
+// tableV1 creates a table of the test's own as migration 000001 alone
+// made it: the first version.
+func tableV1(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	v1, err := outbox.SchemaV1(table)
+	require.NoError(t, err)
+	_, err = db.Exec(v1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	return db, table
+}
+
 // TestUpgradeFromVersion1: a table created by migration 000001 alone, with
 // published, parked and waiting rows, upgraded by the statements of
 // migration 000002 (part of Schema): the waiting rows are numbered in the
@@ -21,13 +36,7 @@ import (
 func TestUpgradeFromVersion1(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbtest.DB(t)
-	table := dbtest.Table(t)
-	v1, err := outbox.SchemaV1(table)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, v1)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	db, table := tableV1(t)
 
 	// Rows written by a store of the first version: Add names no column of
 	// the second.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"entgo.io/ent"
 	"entgo.io/ent/dialect"
@@ -250,9 +249,7 @@ func TestOrderedMode(t *testing.T) {
 		_, err := second.Order.Create().SetTotal(2).Save(entoutbox.WithEvents(ctx, evt("order.paid", "order-5")))
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
-		return dbtest.Count(t, b.other, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'advisory'", pid) == 1
-	}, 10*time.Second, 5*time.Millisecond, "the second writer of order-5 waits")
+	dbtest.AwaitAdvisoryWait(t, b.other, pid) // the second writer of order-5 waits
 	require.NoError(t, first.Commit())
 	require.NoError(t, <-done)
 	require.NoError(t, second.Commit())

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -425,9 +424,7 @@ func TestOrderedMode(t *testing.T) {
 		other.Record(evt("order.placed", "order-9"))
 		done <- second.Create(&other).Error
 	}()
-	require.Eventually(t, func() bool {
-		return dbtest.Count(t, b.sqlDB, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'advisory'", pid) == 1
-	}, 10*time.Second, 5*time.Millisecond, "the second writer of order-9 waits")
+	dbtest.AwaitAdvisoryWait(t, b.sqlDB, pid) // the second writer of order-9 waits
 	require.NoError(t, first.Commit().Error)
 	require.NoError(t, <-done)
 	require.NoError(t, second.Commit().Error)

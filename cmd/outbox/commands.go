@@ -147,8 +147,8 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 		}
 	}
 	fmt.Fprintf(c.stdout, "re-armed %d parked message(s) of table %s\n", n, c.table)
-	if !*all && int(n) < len(ids) {
-		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
+	if !*all {
+		c.notParked(n, ids)
 	}
 	return nil
 }
@@ -173,10 +173,16 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 		return c.explain(err)
 	}
 	fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
+	c.notParked(n, ids)
+	return nil
+}
+
+// notParked says how many of ids a retry or discard left alone, having
+// changed n.
+func (c *common) notParked(n int64, ids []string) {
 	if int(n) < len(ids) {
 		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
 	}
-	return nil
 }
 
 func cmdPurge(ctx context.Context, x *cli, args []string) error {

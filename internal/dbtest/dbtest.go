@@ -233,6 +233,19 @@ func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
 	return out
 }
 
+// AwaitAdvisoryWait waits until the session pid waits for an advisory
+// lock, as a second writer of a key in ordered mode does, seen from db.
+func AwaitAdvisoryWait(tb testing.TB, db *sql.DB, pid int) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for Count(tb, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'", pid) != 1 {
+		if time.Now().After(deadline) {
+			tb.Fatalf("dbtest: session %d did not come to wait for an advisory lock within 10s", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // IDsByKey returns the ids of every row of an outbox table with a key, by
 // key, in the order of seq: the order ordered mode keeps.
 func IDsByKey(tb testing.TB, db *sql.DB, table string) map[string][]string {
