@@ -214,23 +214,43 @@ func URLWith(tb testing.TB, key, value string) string {
 // db: with a pool other than the writer's, only committed rows show.
 func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
 	tb.Helper()
-	rows, err := db.Query(`SELECT event_type, event_key FROM ` + table + ` ORDER BY seq`)
+	out := []string{}
+	pairs(tb, db, table, `SELECT event_type, event_key FROM `+table+` ORDER BY seq`, func(typ, key string) {
+		out = append(out, typ+"/"+key)
+	})
+	return out
+}
+
+// IDsByKey returns the ids of every row of an outbox table with a key, by
+// key, in the order of seq: the order ordered mode keeps.
+func IDsByKey(tb testing.TB, db *sql.DB, table string) map[string][]string {
+	tb.Helper()
+	out := map[string][]string{}
+	pairs(tb, db, table, `SELECT event_key, id FROM `+table+` WHERE event_key <> '' ORDER BY seq`, func(key, id string) {
+		out[key] = append(out[key], id)
+	})
+	return out
+}
+
+// pairs runs query, which reads two text columns of table, and calls f
+// with each row's.
+func pairs(tb testing.TB, db *sql.DB, table, query string, f func(a, b string)) {
+	tb.Helper()
+	rows, err := db.Query(query)
 	if err != nil {
 		tb.Fatalf("dbtest: reading %s: %v", table, err)
 	}
 	defer rows.Close()
-	out := []string{}
 	for rows.Next() {
-		var typ, key string
-		if err := rows.Scan(&typ, &key); err != nil {
+		var a, b string
+		if err := rows.Scan(&a, &b); err != nil {
 			tb.Fatalf("dbtest: reading %s: %v", table, err)
 		}
-		out = append(out, typ+"/"+key)
+		f(a, b)
 	}
 	if err := rows.Err(); err != nil {
 		tb.Fatalf("dbtest: reading %s: %v", table, err)
 	}
-	return out
 }
 
 // AwaitAdvisoryWait waits until the session pid waits for an advisory
@@ -244,29 +264,6 @@ func AwaitAdvisoryWait(tb testing.TB, db *sql.DB, pid int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// IDsByKey returns the ids of every row of an outbox table with a key, by
-// key, in the order of seq: the order ordered mode keeps.
-func IDsByKey(tb testing.TB, db *sql.DB, table string) map[string][]string {
-	tb.Helper()
-	rows, err := db.Query(`SELECT event_key, id FROM ` + table + ` WHERE event_key <> '' ORDER BY seq`)
-	if err != nil {
-		tb.Fatalf("dbtest: reading %s: %v", table, err)
-	}
-	defer rows.Close()
-	out := map[string][]string{}
-	for rows.Next() {
-		var key, id string
-		if err := rows.Scan(&key, &id); err != nil {
-			tb.Fatalf("dbtest: reading %s: %v", table, err)
-		}
-		out[key] = append(out[key], id)
-	}
-	if err := rows.Err(); err != nil {
-		tb.Fatalf("dbtest: reading %s: %v", table, err)
-	}
-	return out
 }
 
 // Buffer is a bytes.Buffer that a test can read while another goroutine
