@@ -34,21 +34,17 @@ func (b *claimBench) run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "bench: claims of %d, each marked published after, %d claims per figure; %d messages waiting over %d keys; p50 [p90] of claim time\n",
 		b.o.batch, claimsMeasured, b.o.pending, keys)
 	for _, store := range b.stores {
-		var empty, full []time.Duration
-		for _, history := range []int{0, b.o.published} {
-			if err := b.fill(ctx, history, keys); err != nil {
+		var took [2][]time.Duration // without, with history
+		for i, history := range []int{0, b.o.published} {
+			if err := b.fill(ctx, history, keys, 0); err != nil {
 				return err
 			}
-			took, err := b.measure(ctx, store)
-			if err != nil {
+			var err error
+			if took[i], err = b.measure(ctx, store); err != nil {
 				return err
-			}
-			if history == 0 {
-				empty = took
-			} else {
-				full = took
 			}
 		}
+		empty, full := took[0], took[1]
 		p50e, p50f := percentile(empty, 0.5), percentile(full, 0.5)
 		fmt.Fprintf(out, "bench: %s: no history %.2f ms [%.2f]; %d published rows %.2f ms [%.2f]; ratio %.2f\n",
 			store.Ordering(), ms(p50e), ms(percentile(empty, 0.9)), b.o.published, ms(p50f), ms(percentile(full, 0.9)), float64(p50f)/float64(p50e))
@@ -68,21 +64,7 @@ const blockedKeyClaims = 10
 // after Store.Reconcile has set them aside.
 func (b *claimBench) blockedKey(ctx context.Context, out io.Writer, keys int) error {
 	store := b.stores[1]
-	if err := b.fill(ctx, 0, keys); err != nil {
-		return err
-	}
-	fmt.Fprintf(b.stderr, "bench: writing a parked message and %d messages of its key\n", b.o.blocked)
-	payload := make([]byte, b.o.size)
-	// Written before the waiting messages: claims meet them first.
-	if _, err := b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET seq = seq + $1 + 1`, b.o.blocked); err != nil {
-		return err
-	}
-	if _, err := b.db.ExecContext(ctx, `INSERT INTO "`+b.table+`" (id, seq, event_type, event_key, payload, parked_at, attempts)
-SELECT gen_random_uuid(), i, 'bench.tick', 'blocked', $2, CASE WHEN i = 0 THEN now() END, CASE WHEN i = 0 THEN 10 ELSE 0 END
-FROM generate_series(0, $1) AS i`, b.o.blocked, payload); err != nil {
-		return err
-	}
-	if _, err := b.db.ExecContext(ctx, `VACUUM ANALYZE "`+b.table+`"`); err != nil {
+	if err := b.fill(ctx, 0, keys, b.o.blocked); err != nil {
 		return err
 	}
 	before := make([]time.Duration, 0, blockedKeyClaims)
@@ -111,10 +93,12 @@ FROM generate_series(0, $1) AS i`, b.o.blocked, payload); err != nil {
 	return nil
 }
 
-// fill empties the table, writes history published rows and the waiting
-// messages, the keys in turn, and vacuums, as autovacuum would have.
-func (b *claimBench) fill(ctx context.Context, history, keys int) error {
-	fmt.Fprintf(b.stderr, "bench: writing %d published and %d waiting rows\n", history, b.o.pending)
+// fill empties the table, writes history published rows, then a parked
+// message of the key "blocked" and blocked messages of that key behind it
+// (when blocked > 0: claims meet them first), then the waiting messages,
+// the keys in turn, and vacuums, as autovacuum would have.
+func (b *claimBench) fill(ctx context.Context, history, keys, blocked int) error {
+	fmt.Fprintf(b.stderr, "bench: writing %d published, %d blocked and %d waiting rows\n", history, blocked, b.o.pending)
 	payload := make([]byte, b.o.size)
 	stmts := []struct {
 		q    string
@@ -123,6 +107,10 @@ func (b *claimBench) fill(ctx context.Context, history, keys int) error {
 		{`TRUNCATE "` + b.table + `"`, nil},
 		{`INSERT INTO "` + b.table + `" (id, event_type, event_key, payload, published_at)
 SELECT gen_random_uuid(), 'bench.tick', 'k' || (i % $2), $3, now() - interval '1 hour' FROM generate_series(1, $1) AS i`, []any{history, keys, payload}},
+		{`INSERT INTO "` + b.table + `" (id, event_type, event_key, payload, parked_at, attempts)
+SELECT gen_random_uuid(), 'bench.tick', 'blocked', $2::bytea, now(), 10 WHERE $1::int > 0
+UNION ALL
+SELECT * FROM (SELECT gen_random_uuid(), 'bench.tick', 'blocked', $2::bytea, NULL::timestamptz, 0 FROM generate_series(1, $1::int) AS i ORDER BY i) AS behind`, []any{blocked, payload}},
 		{`INSERT INTO "` + b.table + `" (id, event_type, event_key, payload)
 SELECT gen_random_uuid(), 'bench.tick', 'k' || (i % $2), $3 FROM generate_series(1, $1) AS i ORDER BY i`, []any{b.o.pending, keys, payload}},
 		{`VACUUM ANALYZE "` + b.table + `"`, nil},
