@@ -156,7 +156,7 @@ func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	if s.q.hold != "" {
+	if s.ordering == OrderedByKey {
 		if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", s.q.hold); err != nil {
 			return 0, 0, err
 		}

@@ -207,9 +207,9 @@ UPDATE {table} SET held = true WHERE id IN (SELECT id FROM targets)`),
 UPDATE {table} SET held = false WHERE id IN (SELECT id FROM targets)`),
 	}
 	if !ordered {
-		// Nothing is held in unordered mode: what an ordered relay held
-		// before the table changed modes comes back.
-		q.hold = ""
+		// Nothing is held in unordered mode (Reconcile does not hold):
+		// what an ordered relay held before the table changed modes comes
+		// back.
 		q.unhold = r2(`UPDATE {table} SET held = false WHERE id IN (SELECT id FROM {table} WHERE {held} FOR UPDATE SKIP LOCKED)`)
 	}
 	if ordered {
