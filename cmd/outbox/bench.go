@@ -129,8 +129,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	}
 	defer db.ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS "`+c.table+`"`) //nolint:errcheck
 	if o.claims {
-		cb := &claimBench{o: o, db: db, table: c.table, stores: []*outbox.Store{store, ordered}, stderr: c.stderr}
-		return cb.run(ctx, c.stdout)
+		return claims(ctx, c, o, db)
 	}
 
 	conn, err := amqp.Dial(urls[0])

@@ -12,18 +12,41 @@ import (
 )
 
 // claimsMeasured is how many claims of --batch-size (each then marked
-// published, as a relay would) one measurement makes.
+// published, as a relay would) one measurement makes on each table.
 const claimsMeasured = 200
 
 // claimBench measures what a claim costs as the table grows: the same
-// waiting messages over the same keys, on a table without published
-// history and on one with --published rows of it, in each mode.
+// waiting messages over the same keys on two tables, one without published
+// history and one with --published rows of it, claimed in turn so that
+// whatever else the machine does weighs on both alike; in each mode.
 type claimBench struct {
 	o      benchOptions
 	db     *sql.DB
-	table  string
-	stores []*outbox.Store // unordered, ordered
+	tables [2]string                 // without, with history
+	stores map[bool][2]*outbox.Store // by ordered, on the tables
 	stderr io.Writer
+}
+
+// claims runs the claims bench on two scratch tables named after the
+// command's, and drops the second (the caller drops the first).
+func claims(ctx context.Context, c *common, o benchOptions, db *sql.DB) error {
+	b := &claimBench{o: o, db: db, tables: [2]string{c.table, c.table + "_history"}, stores: map[bool][2]*outbox.Store{}, stderr: c.stderr}
+	defer db.ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS "`+b.tables[1]+`"`) //nolint:errcheck
+	for _, ordered := range []bool{false, true} {
+		var pair [2]*outbox.Store
+		for i, table := range b.tables {
+			s, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Ordering: ordering(ordered)})
+			if err != nil {
+				return err
+			}
+			if err := s.CreateSchemaIfAbsent(ctx); err != nil {
+				return err
+			}
+			pair[i] = s
+		}
+		b.stores[ordered] = pair
+	}
+	return b.run(ctx, c.stdout)
 }
 
 func (b *claimBench) run(ctx context.Context, out io.Writer) error {
@@ -31,23 +54,30 @@ func (b *claimBench) run(ctx context.Context, out io.Writer) error {
 	if keys == 0 {
 		keys = 10_000
 	}
-	fmt.Fprintf(out, "bench: claims of %d, each marked published after, %d claims per figure; %d messages waiting over %d keys; p50 [p90] of claim time\n",
+	fmt.Fprintf(out, "bench: claims of %d, each marked published after, %d claims per figure, the two tables in turn; %d messages waiting over %d keys; p50 [p90] of claim time\n",
 		b.o.batch, claimsMeasured, b.o.pending, keys)
-	for _, store := range b.stores {
-		var took [2][]time.Duration // without, with history
+	for _, ordered := range []bool{false, true} {
+		pair := b.stores[ordered]
 		for i, history := range []int{0, b.o.published} {
-			if err := b.fill(ctx, history, keys, 0); err != nil {
-				return err
-			}
-			var err error
-			if took[i], err = b.measure(ctx, store); err != nil {
+			if err := b.fill(ctx, b.tables[i], history, keys, 0); err != nil {
 				return err
 			}
 		}
-		empty, full := took[0], took[1]
+		var took [2][]time.Duration
+		for n := range claimsMeasured {
+			for k := range 2 {
+				i := (n + k) % 2 // each table goes first half the time
+				d, err := b.claimOnce(ctx, pair[i])
+				if err != nil {
+					return err
+				}
+				took[i] = append(took[i], d)
+			}
+		}
+		empty, full := slices.Sorted(slices.Values(took[0])), slices.Sorted(slices.Values(took[1]))
 		p50e, p50f := percentile(empty, 0.5), percentile(full, 0.5)
 		fmt.Fprintf(out, "bench: %s: no history %.2f ms [%.2f]; %d published rows %.2f ms [%.2f]; ratio %.2f\n",
-			store.Ordering(), ms(p50e), ms(percentile(empty, 0.9)), b.o.published, ms(p50f), ms(percentile(full, 0.9)), float64(p50f)/float64(p50e))
+			pair[0].Ordering(), ms(p50e), ms(percentile(empty, 0.9)), b.o.published, ms(p50f), ms(percentile(full, 0.9)), float64(p50f)/float64(p50e))
 	}
 	if b.o.blocked > 0 {
 		return b.blockedKey(ctx, out, keys)
@@ -63,19 +93,26 @@ const blockedKeyClaims = 10
 // message and --blocked messages of it written after (not yet held), then
 // after Store.Reconcile has set them aside.
 func (b *claimBench) blockedKey(ctx context.Context, out io.Writer, keys int) error {
-	store := b.stores[1]
-	if err := b.fill(ctx, 0, keys, b.o.blocked); err != nil {
+	store := b.stores[true][0]
+	if err := b.fill(ctx, b.tables[0], 0, keys, b.o.blocked); err != nil {
 		return err
 	}
-	before := make([]time.Duration, 0, blockedKeyClaims)
-	for range blockedKeyClaims {
-		took, err := b.claimOnce(ctx, store)
-		if err != nil {
-			return err
+	measure := func(n int) ([]time.Duration, error) {
+		took := make([]time.Duration, 0, n)
+		for range n {
+			d, err := b.claimOnce(ctx, store)
+			if err != nil {
+				return nil, err
+			}
+			took = append(took, d)
 		}
-		before = append(before, took)
+		slices.Sort(took)
+		return took, nil
 	}
-	slices.Sort(before)
+	before, err := measure(blockedKeyClaims)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	held, _, err := store.Reconcile(ctx)
 	if err != nil {
@@ -84,7 +121,7 @@ func (b *claimBench) blockedKey(ctx context.Context, out io.Writer, keys int) er
 	reconciled := time.Since(start)
 	// The first claims after the hold clean the claim index of the held
 	// rows' old entries; a VACUUM would too.
-	after, err := b.measure(ctx, store)
+	after, err := measure(claimsMeasured)
 	if err != nil {
 		return err
 	}
@@ -97,23 +134,23 @@ func (b *claimBench) blockedKey(ctx context.Context, out io.Writer, keys int) er
 // message of the key "blocked" and blocked messages of that key behind it
 // (when blocked > 0: claims meet them first), then the waiting messages,
 // the keys in turn, and vacuums, as autovacuum would have.
-func (b *claimBench) fill(ctx context.Context, history, keys, blocked int) error {
-	fmt.Fprintf(b.stderr, "bench: writing %d published, %d blocked and %d waiting rows\n", history, blocked, b.o.pending)
+func (b *claimBench) fill(ctx context.Context, table string, history, keys, blocked int) error {
+	fmt.Fprintf(b.stderr, "bench: writing %d published, %d blocked and %d waiting rows into %s\n", history, blocked, b.o.pending, table)
 	payload := make([]byte, b.o.size)
 	stmts := []struct {
 		q    string
 		args []any
 	}{
-		{`TRUNCATE "` + b.table + `"`, nil},
-		{`INSERT INTO "` + b.table + `" (id, event_type, event_key, payload, published_at)
+		{`TRUNCATE "` + table + `"`, nil},
+		{`INSERT INTO "` + table + `" (id, event_type, event_key, payload, published_at)
 SELECT gen_random_uuid(), 'bench.tick', 'k' || (i % $2), $3, now() - interval '1 hour' FROM generate_series(1, $1) AS i`, []any{history, keys, payload}},
-		{`INSERT INTO "` + b.table + `" (id, event_type, event_key, payload, parked_at, attempts)
+		{`INSERT INTO "` + table + `" (id, event_type, event_key, payload, parked_at, attempts)
 SELECT gen_random_uuid(), 'bench.tick', 'blocked', $2::bytea, now(), 10 WHERE $1::int > 0
 UNION ALL
 SELECT * FROM (SELECT gen_random_uuid(), 'bench.tick', 'blocked', $2::bytea, NULL::timestamptz, 0 FROM generate_series(1, $1::int) AS i ORDER BY i) AS behind`, []any{blocked, payload}},
-		{`INSERT INTO "` + b.table + `" (id, event_type, event_key, payload)
+		{`INSERT INTO "` + table + `" (id, event_type, event_key, payload)
 SELECT gen_random_uuid(), 'bench.tick', 'k' || (i % $2), $3 FROM generate_series(1, $1) AS i ORDER BY i`, []any{b.o.pending, keys, payload}},
-		{`VACUUM ANALYZE "` + b.table + `"`, nil},
+		{`VACUUM ANALYZE "` + table + `"`, nil},
 	}
 	for _, s := range stmts {
 		if _, err := b.db.ExecContext(ctx, s.q, s.args...); err != nil {
@@ -121,21 +158,6 @@ SELECT gen_random_uuid(), 'bench.tick', 'k' || (i % $2), $3 FROM generate_series
 		}
 	}
 	return nil
-}
-
-// measure claims and marks published claimsMeasured times and returns the
-// claim times, sorted.
-func (b *claimBench) measure(ctx context.Context, store *outbox.Store) ([]time.Duration, error) {
-	took := make([]time.Duration, 0, claimsMeasured)
-	for range claimsMeasured {
-		d, err := b.claimOnce(ctx, store)
-		if err != nil {
-			return nil, err
-		}
-		took = append(took, d)
-	}
-	slices.Sort(took)
-	return took, nil
 }
 
 // claimOnce claims a batch, marks it published and returns how long the
