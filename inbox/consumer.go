@@ -3,28 +3,40 @@ package inbox
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox/internal/amqpdial"
 )
 
-// Defaults of ConsumerConfig.
+// Defaults and bounds of ConsumerConfig.
 const (
 	PrefetchDefault       = 50
+	PrefetchMax           = 65535 // AMQP's prefetch count is 16 bits
 	ConsumerBackoffMax    = 30 * time.Second
+	RetryDelayDefault     = 500 * time.Millisecond
 	consumerBackoffMin    = 100 * time.Millisecond
 	consumerConnectionKey = "acemq-inbox-consumer"
+
+	// logEvery is how often a failure that repeats is logged, with the
+	// count of its repetitions since the last line.
+	logEvery = 10 * time.Second
 )
 
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
-	// Queue is the queue to consume. Required.
+	// Queue is the queue to consume. Required. Declare it with a
+	// dead-letter exchange (see Topology in package relay, or `outbox
+	// declare`): without one, the broker drops what the inbox
+	// dead-letters. The consumer warns at start when the queue has none.
 	Queue string
 
 	// Handler applies each new message's effect. Required.
@@ -34,17 +46,35 @@ type ConsumerConfig struct {
 	// Defaults to amqp://guest:guest@localhost:5672/.
 	URLs []string
 
-	// Prefetch is how many unacked deliveries the broker sends ahead.
-	// Defaults to 50. Use 1 to keep per-key order through failed handlers
-	// (see the package documentation).
+	// TLSConfig is used for amqps:// URLs. Defaults to Go's defaults.
+	TLSConfig *tls.Config
+
+	// DialTimeout bounds one attempt to connect to one node (TCP, TLS and
+	// the AMQP handshake). Defaults to 10s.
+	DialTimeout time.Duration
+
+	// Heartbeat is the AMQP heartbeat interval. Defaults to amqp091-go's
+	// (10s).
+	Heartbeat time.Duration
+
+	// Prefetch is how many unacked deliveries the broker sends ahead, at
+	// most 65535. Defaults to 50. Use 1 to keep per-key order through
+	// failed handlers (see the package documentation).
 	Prefetch int
 
 	// ConnectionName names the connection in the broker's management UI.
 	// Defaults to "acemq-inbox-consumer".
 	ConnectionName string
 
-	// BackoffMax is the longest wait between reconnection attempts, which
-	// grow from 100ms, jittered. Defaults to 30s.
+	// RetryDelay is how long a delivery whose handler failed is held
+	// before it is requeued; it doubles with every counted attempt of the
+	// message, jittered, up to BackoffMax. Other deliveries go on
+	// meanwhile (up to Prefetch). Defaults to 500ms.
+	RetryDelay time.Duration
+
+	// BackoffMax is the longest wait between reconnection attempts, and
+	// while the database fails, which grow from 100ms, jittered; it also
+	// bounds RetryDelay's growth. Defaults to 30s.
 	BackoffMax time.Duration
 
 	// Logger receives connection events and failures. Defaults to the
@@ -67,28 +97,41 @@ type ConsumerConfig struct {
 // Observer sees what a Consumer does with each delivery, for metrics. It
 // is called from the consumer's goroutine and must be quick.
 type Observer interface {
-	// Handled reports a delivery's outcome, how long Handle took (the
-	// handler, the commit and the ack), and its error, if any.
+	// Handled reports a delivery's outcome, how long its handling took
+	// (the handler and the commit; not a backoff), and its error, if any.
 	Handled(ctx context.Context, d *amqp.Delivery, outcome Outcome, took time.Duration, err error)
 }
 
 // Consumer consumes a queue through an Inbox: every delivery goes through
-// Handle, one at a time. It reconnects, to the configured nodes in turn and
-// with backoff, whenever the connection or channel is lost; deliveries that
-// were not acked then are redelivered by the broker and found by the inbox
-// if their effect was committed.
+// the inbox, one at a time. It reconnects, to the configured nodes in turn
+// and with backoff, whenever the connection or channel is lost; deliveries
+// that were not acked then are redelivered by the broker and found by the
+// inbox if their effect was committed.
+//
+// Failures are told apart where they are understood. A handler's error (or
+// panic) is the message's: the attempt is counted and the delivery is held
+// for RetryDelay, doubling with each attempt, before it is requeued, while
+// other deliveries go on. A failure of the database (or a Transient error)
+// is not the message's: nothing is counted, and the consumer waits,
+// growing from 100ms to BackoffMax, before it requeues the delivery and
+// takes the next. A failure that repeats is logged once per 10s with a
+// count.
 type Consumer struct {
-	ib    *Inbox
-	cfg   ConsumerConfig
-	log   *slog.Logger
-	stats struct{ handled, duplicates, retried, dead, refused, reconnects, purged atomic.Int64 }
-
-	passwords []string // of the configured URLs, kept out of the logs
+	ib     *Inbox
+	cfg    ConsumerConfig
+	log    *slog.Logger
+	dialer *amqpdial.Dialer
+	stats  struct {
+		handled, duplicates, retried, dead, refused, requeued, reconnects, purged atomic.Int64
+	}
+	logs     throttle
+	dlxCheck sync.Once
 }
 
-// ConsumerStats are a consumer's running totals.
+// ConsumerStats are a consumer's running totals: one count per Outcome,
+// and the reconnections and purged records.
 type ConsumerStats struct {
-	Handled, Duplicates, Retried, DeadLettered, Refused, Reconnects, Purged int64
+	Handled, Duplicates, Retried, DeadLettered, Refused, Requeued, Reconnects, Purged int64
 }
 
 // Consumer returns a consumer of cfg.Queue through the inbox.
@@ -103,39 +146,38 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 	if len(c.URLs) == 0 {
 		c.URLs = []string{"amqp://guest:guest@localhost:5672/"}
 	}
-	var passwords []string
-	for i, u := range c.URLs {
-		uri, err := amqp.ParseURI(u)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: AMQP URL #%d is not a valid amqp:// or amqps:// URL", i+1) // never the URL: it may hold a password
-		}
-		if uri.Password != "" {
-			passwords = append(passwords, uri.Password)
-		}
+	if c.Prefetch < 0 || c.BackoffMax < 0 || c.PurgeAfter < 0 || c.PurgeInterval < 0 || c.RetryDelay < 0 || c.DialTimeout < 0 || c.Heartbeat < 0 {
+		return nil, errors.New("inbox: ConsumerConfig.Prefetch, BackoffMax, RetryDelay, DialTimeout, Heartbeat, PurgeAfter and PurgeInterval must not be negative")
 	}
-	if c.Prefetch < 0 || c.BackoffMax < 0 || c.PurgeAfter < 0 || c.PurgeInterval < 0 {
-		return nil, errors.New("inbox: ConsumerConfig.Prefetch, BackoffMax, PurgeAfter and PurgeInterval must not be negative")
+	if c.Prefetch > PrefetchMax {
+		return nil, fmt.Errorf("inbox: ConsumerConfig.Prefetch must be at most %d, AMQP's limit (got %d)", PrefetchMax, c.Prefetch)
 	}
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, time.Hour)
 	c.Prefetch = cmp.Or(c.Prefetch, PrefetchDefault)
 	c.BackoffMax = max(cmp.Or(c.BackoffMax, ConsumerBackoffMax), consumerBackoffMin)
+	c.RetryDelay = cmp.Or(c.RetryDelay, RetryDelayDefault)
 	c.ConnectionName = cmp.Or(c.ConnectionName, consumerConnectionKey)
-	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), passwords: passwords}, nil
+	dialer, err := amqpdial.New("inbox", "ConsumerConfig.URLs", amqpdial.Config{URLs: c.URLs, TLS: c.TLSConfig,
+		Timeout: c.DialTimeout, Heartbeat: c.Heartbeat, Name: c.ConnectionName})
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), dialer: dialer, logs: throttle{every: logEvery}}, nil
 }
 
 // Stats returns the consumer's running totals.
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
 		Handled: c.stats.handled.Load(), Duplicates: c.stats.duplicates.Load(), Retried: c.stats.retried.Load(),
-		DeadLettered: c.stats.dead.Load(), Refused: c.stats.refused.Load(), Reconnects: c.stats.reconnects.Load(),
-		Purged: c.stats.purged.Load(),
+		DeadLettered: c.stats.dead.Load(), Refused: c.stats.refused.Load(), Requeued: c.stats.requeued.Load(),
+		Reconnects: c.stats.reconnects.Load(), Purged: c.stats.purged.Load(),
 	}
 }
 
 // Run consumes until ctx ends. On shutdown it finishes the delivery in
 // progress (its handler, commit and ack) and closes the connection, so that
-// the broker redelivers what was sent ahead. It returns nil then; it never
-// gives up on a broker that is down.
+// the broker redelivers what was sent ahead or held for a retry. It
+// returns nil then; it never gives up on a broker that is down.
 func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.PurgeAfter > 0 {
 		purgeCtx, stop := context.WithCancel(ctx)
@@ -145,23 +187,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	failures, node := 0, 0
 	for ctx.Err() == nil {
-		err := c.session(ctx, c.cfg.URLs[node%len(c.cfg.URLs)])
+		err := c.session(ctx, node%c.dialer.Nodes())
 		node++
 		if ctx.Err() != nil {
 			break
 		}
 		failures++
 		c.stats.reconnects.Add(1)
-		wait := min(c.cfg.BackoffMax, consumerBackoffMin<<min(failures-1, 20))
-		wait = wait/2 + rand.N(wait/2+1)
-		c.log.WarnContext(ctx, "inbox: Consumer lost the broker; reconnecting", slog.String("queue", c.cfg.Queue),
-			slog.String("error", c.redacted(err)), slog.Duration("retry_in", wait))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
+		wait := jitter(min(c.cfg.BackoffMax, consumerBackoffMin<<min(failures-1, 20)))
+		msg := "connection closed"
+		if err != nil {
+			msg = c.dialer.Redact(err.Error())
 		}
+		c.log.WarnContext(ctx, "inbox: Consumer lost the broker; reconnecting", slog.String("queue", c.cfg.Queue),
+			slog.String("error", msg), slog.Duration("retry_in", wait))
+		sleep(ctx, wait)
 		if err == nil { // a session that ran for a while resets the backoff
 			failures = 0
 		}
@@ -172,12 +212,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // session consumes on one connection until it is lost (returning nil
 // after it delivered something, an error otherwise) or ctx ends.
-func (c *Consumer) session(ctx context.Context, url string) error {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(c.cfg.ConnectionName)
-	conn, err := amqp.DialConfig(url, amqp.Config{Properties: props})
+func (c *Consumer) session(ctx context.Context, node int) error {
+	conn, err := c.dialer.Dial(ctx, node)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", c.dialer.Display(node), err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -191,8 +229,17 @@ func (c *Consumer) session(ctx context.Context, url string) error {
 	if err != nil {
 		return err
 	}
-	c.log.InfoContext(ctx, "inbox: Consuming", slog.String("queue", c.cfg.Queue))
-	got := false
+	c.log.InfoContext(ctx, "inbox: Consuming", slog.String("queue", c.cfg.Queue), slog.String("node", c.dialer.Display(node)))
+	c.dlxCheck.Do(func() { c.checkDeadLettering(ctx, conn) })
+
+	// Deliveries held for a retry are requeued by goroutines of their own;
+	// when the session ends they stop, and closing the connection requeues
+	// what they held.
+	held, release := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() { release(); wg.Wait() }()
+
+	got, dbFailures := false, 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -207,16 +254,55 @@ func (c *Consumer) session(ctx context.Context, url string) error {
 			got = true
 			// The delivery in progress finishes even on shutdown.
 			start := time.Now()
-			outcome, err := c.ib.Handle(context.WithoutCancel(ctx), &d, c.cfg.Handler)
-			c.count(outcome)
+			r := c.ib.handle(context.WithoutCancel(ctx), &d, c.cfg.Handler, c.log)
+			took := time.Since(start)
+			c.count(r.outcome)
 			if c.cfg.Observer != nil {
-				c.cfg.Observer.Handled(ctx, &d, outcome, time.Since(start), err)
+				c.cfg.Observer.Handled(ctx, &d, r.outcome, took, r.err)
 			}
-			if err != nil && outcome != Retried {
-				c.log.WarnContext(ctx, "inbox: Delivery not handled", slog.String("message_id", d.MessageId),
-					slog.String("outcome", outcome.String()), slog.String("error", err.Error()))
+			switch r.outcome {
+			case Requeued: // not the message's fault: back off, then requeue
+				dbFailures++
+				wait := jitter(min(c.cfg.BackoffMax, consumerBackoffMin<<min(dbFailures-1, 20)))
+				c.logRepeated(ctx, slog.LevelWarn, "requeued", "inbox: Delivery requeued without counting an attempt; backing off",
+					slog.String("message_id", storable(d.MessageId)), slog.String("error", r.err.Error()),
+					slog.String("advice", advice(r.err)), slog.Duration("retry_in", wait))
+				sleep(ctx, wait)
+				c.settle(ctx, &d, r.outcome)
+				continue
+			case Retried: // the message's fault: hold it, let others pass
+				dbFailures = 0
+				wait := jitter(min(c.cfg.BackoffMax, c.cfg.RetryDelay<<min(max(r.attempts-1, 0), 20)))
+				c.logRepeated(ctx, slog.LevelWarn, "retried", "inbox: Handler failed; the delivery will be retried",
+					slog.String("message_id", d.MessageId), slog.Int("attempts", r.attempts), slog.String("error", r.err.Error()),
+					slog.Duration("retry_in", wait))
+				wg.Add(1)
+				go func(d amqp.Delivery) {
+					defer wg.Done()
+					if sleep(held, wait) {
+						c.settle(ctx, &d, Retried)
+					}
+				}(d)
+				continue
+			case Handled:
+				dbFailures = 0
+				if r.err != nil { // ErrHandlerCommitted: applied, but misused
+					c.log.ErrorContext(ctx, "inbox: Handler misuse", slog.String("message_id", d.MessageId), slog.String("error", r.err.Error()))
+				}
+			case DeadLettered, Refused, Duplicate:
+				dbFailures = 0
 			}
+			c.settle(ctx, &d, r.outcome)
 		}
+	}
+}
+
+// settle acks, requeues or rejects d, logging a failure (the channel is
+// gone: the broker redelivers).
+func (c *Consumer) settle(ctx context.Context, d *amqp.Delivery, o Outcome) {
+	if err := settle(d, o); err != nil {
+		c.logRepeated(ctx, slog.LevelWarn, "settle", "inbox: Settling a delivery failed; the broker will redeliver it",
+			slog.String("message_id", storable(d.MessageId)), slog.String("outcome", o.String()), slog.String("error", err.Error()))
 	}
 }
 
@@ -253,18 +339,59 @@ func (c *Consumer) count(o Outcome) {
 		c.stats.dead.Add(1)
 	case Refused:
 		c.stats.refused.Add(1)
+	case Requeued:
+		c.stats.requeued.Add(1)
 	}
 }
 
-// redacted returns err's text with the passwords of the configured URLs
-// replaced, so that none reaches the logs.
-func (c *Consumer) redacted(err error) string {
-	if err == nil {
-		return "connection closed"
+// logRepeated logs a failure of the given kind at most once per logEvery,
+// with how often it happened since the last line.
+func (c *Consumer) logRepeated(ctx context.Context, level slog.Level, kind, msg string, attrs ...slog.Attr) {
+	ok, repeated := c.logs.allow(kind, time.Now())
+	if !ok {
+		return
 	}
-	msg := err.Error()
-	for _, p := range c.passwords {
-		msg = strings.ReplaceAll(msg, p, "xxxxx")
+	if repeated > 0 {
+		attrs = append(attrs, slog.Int("repeated_since_last_line", repeated))
 	}
-	return msg
+	c.log.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// throttle lets one line of each kind through per interval, counting the
+// others.
+type throttle struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  map[string]time.Time
+	held  map[string]int
+}
+
+func (t *throttle) allow(kind string, now time.Time) (bool, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.last == nil {
+		t.last, t.held = map[string]time.Time{}, map[string]int{}
+	}
+	if last, ok := t.last[kind]; ok && now.Sub(last) < t.every {
+		t.held[kind]++
+		return false, 0
+	}
+	n := t.held[kind]
+	t.last[kind], t.held[kind] = now, 0
+	return true, n
+}
+
+// jitter returns a duration between d/2 and d.
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
+// sleep waits d, or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -1,47 +1,3 @@
-// Package inbox is the consumer's half of the transactional outbox: it
-// turns at-least-once delivery into exactly-once effects.
-//
-// For each delivery, Handle begins a transaction on the consumer's
-// database, records the message id in an inbox table, runs the handler in
-// that transaction only if the id is new, commits, and only then acks. A
-// message delivered again (the broker redelivers after a lost ack, the
-// outbox relay publishes twice after a crash) finds its id recorded and is
-// acked without running the handler. A crash between the commit and the ack
-// is therefore harmless: the redelivery is a duplicate.
-//
-//	ib, err := inbox.New(db, &inbox.Config{Consumer: "billing"})
-//	for d := range deliveries {
-//		outcome, err := ib.Handle(ctx, &d, func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-//			_, err := tx.ExecContext(ctx, "UPDATE accounts SET …") // the effect, in the inbox's transaction
-//			return err
-//		})
-//		…
-//	}
-//
-// A handler error rolls the transaction back and the delivery is rejected
-// for redelivery; the failed attempts are counted in the database (not
-// trusted to the broker's redelivered flag), and after MaxAttempts the
-// delivery is dead-lettered (nack without requeue, so that a dead-letter
-// exchange gets it) and recorded with its error.
-//
-// Inbox.Consumer runs the loop around Handle: prefetch, manual acks,
-// reconnection after a connection loss, graceful shutdown, purging. This
-// package uses database/sql and amqp091-go only; packages inboxgorm and
-// inboxent put a GORM session or an ent client in the inbox's transaction.
-//
-// # Order
-//
-// With the outbox in ordered mode (outbox.OrderedByKey), a queue with one
-// consumer (or RabbitMQ's single active consumer) receives the first
-// deliveries of each key in the order the events were written, and since
-// effects are applied at a message's first successful handling, they
-// follow that order as long as deliveries are handled one after another and
-// none is retried. A failed handler requeues its delivery: with
-// ConsumerConfig.Prefetch above 1, the deliveries already sent behind it
-// are handled before its retry. A consumer that must keep the order through
-// failures uses Prefetch 1, so that the broker sends nothing else until
-// the failed delivery comes back; a delivery dead-lettered after
-// MaxAttempts lets the rest of its key go on.
 package inbox
 
 import (
@@ -53,7 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"time"
+	"unicode/utf8"
 
 	"github.com/acemq/outbox/internal/sqlident"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -72,17 +28,6 @@ const (
 	TableDefault       = "inbox"
 	MaxAttemptsDefault = 5
 	lastErrorMax       = 2000
-)
-
-var (
-	// ErrNoMessageID is returned for a delivery without a message-id: it
-	// cannot be deduplicated, so it is refused (nack without requeue)
-	// rather than risk handling it twice.
-	ErrNoMessageID = errors.New("inbox: the delivery has no message-id, so it cannot be deduplicated; it was refused (dead-lettered)")
-
-	// ErrInvalidTable is returned for a table name that is not a plain,
-	// optionally schema-qualified, lowercase identifier.
-	ErrInvalidTable = errors.New("inbox: invalid table name")
 )
 
 // Config configures an Inbox.
@@ -112,40 +57,8 @@ type Inbox struct {
 	consumer    string
 	maxAttempts int
 	logger      *slog.Logger
-	q           struct{ claim, retry, failed, purge, purgeable string }
+	q           struct{ claim, retry, failed, handled, purge, purgeable, revive, reviveAll, dead, records string }
 	afterCommit func(*amqp.Delivery) // tests: runs between commit and ack
-}
-
-// Handler applies a message's effect through tx, the inbox's transaction:
-// it commits only together with the record that the message was handled.
-type Handler func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error
-
-// Outcome says what Handle did with a delivery.
-type Outcome int
-
-// Outcomes of Handle.
-const (
-	Handled      Outcome = iota + 1 // the handler ran and committed; acked
-	Duplicate                       // handled before; acked without running the handler
-	Retried                         // the handler failed; rejected for redelivery
-	DeadLettered                    // failed MaxAttempts times (or dead before); nacked without requeue
-	Refused                         // no message-id; nacked without requeue
-)
-
-func (o Outcome) String() string {
-	switch o {
-	case Handled:
-		return "handled"
-	case Duplicate:
-		return "duplicate"
-	case Retried:
-		return "retried"
-	case DeadLettered:
-		return "dead-lettered"
-	case Refused:
-		return "refused"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
 // parseTable validates a table name (see package sqlident); "" is the
@@ -166,6 +79,9 @@ func New(db *sql.DB, cfg *Config) (*Inbox, error) {
 	}
 	if cfg == nil || cfg.Consumer == "" {
 		return nil, errors.New("inbox: Config.Consumer is required: it names the consumer whose handled messages the table records")
+	}
+	if !utf8.ValidString(cfg.Consumer) || strings.IndexByte(cfg.Consumer, 0) >= 0 {
+		return nil, fmt.Errorf("inbox: Config.Consumer %q must be valid UTF-8 without NUL bytes: it is stored in the inbox table", cfg.Consumer)
 	}
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("inbox: Config.MaxAttempts must not be negative (got %d)", cfg.MaxAttempts)
@@ -197,6 +113,13 @@ VALUES ($1, $2, 1, $3, CASE WHEN 1 >= $4 THEN now() END)
 ON CONFLICT (consumer, message_id) DO UPDATE
 SET attempts = i.attempts + 1, last_error = $3, dead_at = CASE WHEN i.attempts + 1 >= $4 THEN now() END
 RETURNING attempts, dead_at IS NOT NULL`)
+	ib.q.handled = r.Replace(`SELECT handled_at IS NOT NULL FROM {table} WHERE consumer = $1 AND message_id = $2`)
+	ib.q.revive = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = $1 AND message_id = $2 AND dead_at IS NOT NULL`)
+	ib.q.reviveAll = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = $1 AND dead_at IS NOT NULL`)
+	ib.q.dead = r.Replace(`SELECT message_id, attempts, coalesce(last_error, ''), received_at, dead_at FROM {table}
+WHERE consumer = $1 AND dead_at IS NOT NULL ORDER BY dead_at, message_id LIMIT $2`)
+	ib.q.records = r.Replace(`SELECT count(*) FILTER (WHERE handled_at IS NOT NULL), count(*) FILTER (WHERE handled_at IS NULL AND dead_at IS NULL),
+	count(*) FILTER (WHERE dead_at IS NOT NULL) FROM {table} WHERE consumer = $1`)
 	ib.q.purgeable = r.Replace(`SELECT count(*) FROM {table}
 WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microsecond'
   AND (handled_at IS NOT NULL OR dead_at IS NOT NULL)`)
@@ -211,18 +134,6 @@ WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microseco
 
 // Table returns the inbox table's name, as configured.
 func (ib *Inbox) Table() string { return ib.name }
-
-// Purgeable counts the records Purge(ctx, olderThan) would delete now.
-func (ib *Inbox) Purgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan < 0 {
-		return 0, fmt.Errorf("inbox: Purgeable: age must not be negative (got %s)", olderThan)
-	}
-	var n int64
-	if err := ib.db.QueryRowContext(ctx, ib.q.purgeable, ib.consumer, olderThan.Microseconds()).Scan(&n); err != nil {
-		return 0, fmt.Errorf("inbox: counting purgeable records in %s: %w", ib.name, err)
-	}
-	return n, nil
-}
 
 // DropSchema returns the DDL that drops an inbox table: the down
 // migration.
@@ -274,113 +185,4 @@ func (ib *Inbox) CreateSchemaIfAbsent(ctx context.Context) error {
 		return fmt.Errorf("inbox: creating %s: %w", ib.name, err)
 	}
 	return tx.Commit()
-}
-
-// Handle handles one delivery exactly once, as the package doc says, and
-// acks or rejects it. It returns what it did; the error is the handler's
-// (Retried, DeadLettered), ErrNoMessageID (Refused), or a failure of the
-// database or the broker, after which the delivery was rejected for
-// redelivery when that was still possible.
-func (ib *Inbox) Handle(ctx context.Context, d *amqp.Delivery, h Handler) (Outcome, error) {
-	if d == nil || h == nil {
-		return 0, errors.New("inbox: Handle: the delivery and the handler must not be nil")
-	}
-	if d.MessageId == "" {
-		ib.logger.ErrorContext(ctx, "inbox: Delivery without a message-id refused", slog.String("consumer", ib.consumer),
-			slog.String("routing_key", d.RoutingKey), slog.String("type", d.Type))
-		return Refused, errors.Join(ErrNoMessageID, d.Nack(false, false))
-	}
-	tx, err := ib.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, ib.requeue(d, fmt.Errorf("inbox: beginning a transaction: %w", err))
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	var inserted, handled, dead bool
-	if err := tx.QueryRowContext(ctx, ib.q.claim, ib.consumer, d.MessageId).Scan(&inserted, &handled, &dead); err != nil {
-		return 0, ib.requeue(d, fmt.Errorf("inbox: recording message %s in %s: %w", d.MessageId, ib.name, err))
-	}
-	switch {
-	case inserted: // new: go on
-	case handled:
-		_ = tx.Rollback() // nothing to keep
-		return Duplicate, d.Ack(false)
-	case dead:
-		_ = tx.Rollback()
-		return DeadLettered, d.Nack(false, false)
-	default: // earlier deliveries failed: try again, marked with this one
-		if _, err := tx.ExecContext(ctx, ib.q.retry, ib.consumer, d.MessageId); err != nil {
-			return 0, ib.requeue(d, fmt.Errorf("inbox: recording message %s in %s: %w", d.MessageId, ib.name, err))
-		}
-	}
-
-	if herr := h(ctx, tx, d); herr != nil {
-		_ = tx.Rollback()
-		return ib.failed(ctx, d, herr)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, ib.requeue(d, fmt.Errorf("inbox: committing message %s: %w", d.MessageId, err))
-	}
-	// Committed: from here a redelivery is a duplicate, so a lost ack
-	// costs nothing but a second look.
-	if ib.afterCommit != nil { // tests: a crash right here
-		ib.afterCommit(d)
-	}
-	return Handled, d.Ack(false)
-}
-
-// failed counts a failed attempt and rejects the delivery for redelivery,
-// or dead-letters it at MaxAttempts.
-func (ib *Inbox) failed(ctx context.Context, d *amqp.Delivery, herr error) (Outcome, error) {
-	reason := herr.Error()
-	if len(reason) > lastErrorMax {
-		reason = strings.ToValidUTF8(reason[:lastErrorMax], "") + "…"
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	var (
-		attempts int
-		dead     bool
-	)
-	if err := ib.db.QueryRowContext(cctx, ib.q.failed, ib.consumer, d.MessageId, reason, ib.maxAttempts).Scan(&attempts, &dead); err != nil {
-		return Retried, ib.requeue(d, errors.Join(herr, fmt.Errorf("inbox: counting the failed attempt: %w", err)))
-	}
-	if !dead {
-		return Retried, errors.Join(herr, d.Nack(false, true))
-	}
-	ib.logger.WarnContext(ctx, "inbox: Message dead-lettered after too many failed attempts", slog.String("consumer", ib.consumer),
-		slog.String("message_id", d.MessageId), slog.Int("attempts", attempts), slog.String("error", reason))
-	return DeadLettered, errors.Join(herr, d.Nack(false, false))
-}
-
-// requeue rejects the delivery for redelivery after a failure of the
-// database, and returns err with the broker's error, if any.
-func (ib *Inbox) requeue(d *amqp.Delivery, err error) error {
-	return errors.Join(err, d.Nack(false, true))
-}
-
-// PurgeBatchSize is how many rows one statement of Purge deletes.
-const PurgeBatchSize = 5000
-
-// Purge deletes the consumer's records of messages handled or dead-lettered
-// more than olderThan ago, in batches of PurgeBatchSize, and returns how
-// many it deleted. A message redelivered after its record is purged would
-// be handled again: keep records longer than the broker may redeliver and
-// the outbox relay may publish twice (its lease, plus the longest outage
-// you ride out). Records of messages still failing are kept.
-func (ib *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan < 0 {
-		return 0, fmt.Errorf("inbox: Purge: age must not be negative (got %s)", olderThan)
-	}
-	var total int64
-	for {
-		res, err := ib.db.ExecContext(ctx, ib.q.purge, ib.consumer, olderThan.Microseconds(), PurgeBatchSize)
-		if err != nil {
-			return total, fmt.Errorf("inbox: purging %s: %w", ib.name, err)
-		}
-		n, err := res.RowsAffected()
-		total += n
-		if err != nil || n < PurgeBatchSize {
-			return total, err
-		}
-	}
 }

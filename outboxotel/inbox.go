@@ -15,7 +15,8 @@ import (
 
 // InboxObserver is an inbox.Observer that records OpenTelemetry metrics:
 // messaging.client.consumed.messages by outbox.inbox.outcome (handled,
-// duplicate, retried, dead-lettered, refused) and messaging.process.duration.
+// duplicate, retried, dead-lettered, refused, requeued: inbox.Outcome's
+// names) and messaging.process.duration.
 type InboxObserver struct {
 	consumed metric.Int64Counter
 	process  metric.Float64Histogram

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqpdial"
 )
 
 // Defaults of AMQPConfig.
@@ -102,12 +102,7 @@ type AMQPConfig struct {
 // Publish, trying the configured nodes in turn. Credentials never appear in
 // its errors or logs.
 type AMQPPublisher struct {
-	urls           []string
-	display        []string // the URLs without credentials
-	tls            *tls.Config
-	name           string
-	dialTimeout    time.Duration
-	heartbeat      time.Duration
+	dialer         *amqpdial.Dialer
 	logger         *slog.Logger
 	configuredSize int64        // AMQPConfig.MaxMessageSize
 	maxMessageSize atomic.Int64 // lower than configuredSize once the broker refused a size
@@ -148,49 +143,22 @@ func NewAMQPPublisher(cfg *AMQPConfig) (*AMQPPublisher, error) {
 	if len(urls) == 0 {
 		urls = []string{AMQPURLDefault}
 	}
-	p := &AMQPPublisher{
-		urls:        urls,
-		tls:         cfg.TLSConfig,
-		name:        cmp.Or(cfg.ConnectionName, ConnectionNameDefault),
-		dialTimeout: cmp.Or(cfg.DialTimeout, DialTimeoutDefault),
-		heartbeat:   cfg.Heartbeat,
-		logger:      cfg.Logger,
-	}
-	if p.logger == nil {
-		p.logger = slog.Default()
-	}
 	if cfg.MaxMessageSize < 0 {
 		return nil, fmt.Errorf("relay: AMQPConfig.MaxMessageSize must not be negative (got %d)", cfg.MaxMessageSize)
 	}
+	if cfg.DialTimeout < 0 {
+		return nil, fmt.Errorf("relay: AMQPConfig.DialTimeout must not be negative (got %s)", cfg.DialTimeout)
+	}
+	dialer, err := amqpdial.New("relay", "AMQP URL", amqpdial.Config{URLs: urls, TLS: cfg.TLSConfig,
+		Timeout: cmp.Or(cfg.DialTimeout, DialTimeoutDefault), Heartbeat: cfg.Heartbeat,
+		Name: cmp.Or(cfg.ConnectionName, ConnectionNameDefault)})
+	if err != nil {
+		return nil, err
+	}
+	p := &AMQPPublisher{dialer: dialer, logger: cmp.Or(cfg.Logger, slog.Default())}
 	p.configuredSize = int64(cmp.Or(cfg.MaxMessageSize, MaxMessageSizeDefault))
 	p.maxMessageSize.Store(p.configuredSize)
-	for i, u := range urls {
-		uri, err := amqp.ParseURI(u)
-		if err != nil {
-			// The parse error can quote the URL; report only its position.
-			return nil, fmt.Errorf("relay: AMQP URL #%d is not a valid amqp:// or amqps:// URL (%s)", i+1, redactedURIError(err, u))
-		}
-		p.display = append(p.display, displayURI(uri))
-	}
 	return p, nil
-}
-
-func displayURI(u amqp.URI) string {
-	return fmt.Sprintf("%s://%s:%d/%s", u.Scheme, u.Host, u.Port, strings.TrimPrefix(u.Vhost, "/"))
-}
-
-// redactedURIError keeps amqp091's explanation unless it quotes the URL,
-// which may hold a password.
-func redactedURIError(err error, raw string) string {
-	msg := err.Error()
-	secret := raw
-	if i, j := strings.Index(raw, "://"), strings.LastIndex(raw, "@"); i >= 0 && j > i {
-		secret = raw[i+3 : j]
-	}
-	if strings.Contains(msg, raw) || strings.Contains(msg, secret) {
-		return "malformed URL"
-	}
-	return msg
 }
 
 // Publish sends the batch and waits for the broker's confirms; see

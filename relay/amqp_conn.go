@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,20 +55,19 @@ func (p *amqpLane) ensureChannel(ctx context.Context) error {
 // dial connects to the first node that answers, starting with p.next.
 func (p *amqpLane) dial(ctx context.Context) error {
 	var errs []error
-	for k := range p.urls {
+	n := p.dialer.Nodes()
+	for k := range n {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		i := (p.next + k) % len(p.urls)
-		props := amqp.NewConnectionProperties()
-		props.SetClientConnectionName(p.name)
-		conn, err := p.dialNode(ctx, p.urls[i], props)
+		i := (p.next + k) % n
+		conn, err := p.dialer.Dial(ctx, i)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", p.display[i], err))
-			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.display[i]), slog.String("error", err.Error()))
+			errs = append(errs, fmt.Errorf("%s: %w", p.dialer.Display(i), err))
+			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.dialer.Display(i)), slog.String("error", err.Error()))
 			continue
 		}
-		p.next = (i + 1) % len(p.urls) // a reconnect tries the other nodes first
+		p.next = (i + 1) % n // a reconnect tries the other nodes first
 		p.conn = conn
 		blocked := &atomic.Bool{}
 		p.blocked = blocked
@@ -79,57 +76,11 @@ func (p *amqpLane) dial(ctx context.Context) error {
 				blocked.Store(b.Active)
 			}
 		}(conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
-		p.logger.InfoContext(ctx, "relay: Connected to broker", slog.String("node", p.display[i]))
+		p.logger.InfoContext(ctx, "relay: Connected to broker", slog.String("node", p.dialer.Display(i)))
 		return nil
 	}
-	p.next = (p.next + 1) % len(p.urls)
+	p.next = (p.next + 1) % n
 	return errors.Join(errs...)
-}
-
-// dialNode connects to one node. amqp091-go's dial is not context-aware; the
-// socket is closed when ctx ends, so that a shutdown is not held up by a
-// broker that accepts connections and then does not answer.
-func (p *amqpLane) dialNode(ctx context.Context, url string, props amqp.Table) (*amqp.Connection, error) {
-	var (
-		mu      sync.Mutex
-		sockets []net.Conn
-	)
-	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sockets {
-			_ = s.Close()
-		}
-	})
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:       p.heartbeat,
-		TLSClientConfig: p.tls,
-		Properties:      props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: p.dialTimeout}
-			s, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// A deadline for the TLS and AMQP handshakes; amqp091-go clears
-			// it once the connection is open, as with its DefaultDial.
-			if err := s.SetDeadline(time.Now().Add(p.dialTimeout)); err != nil {
-				s.Close()
-				return nil, err
-			}
-			mu.Lock()
-			sockets = append(sockets, s)
-			mu.Unlock()
-			return s, nil
-		},
-	})
-	if !stop() { // ctx ended during the dial: whatever it produced is closed
-		if conn != nil {
-			_ = conn.Close()
-		}
-		return nil, ctx.Err()
-	}
-	return conn, err
 }
 
 // discard drops the channel, and the connection too when it is dead or all

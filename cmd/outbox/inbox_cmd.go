@@ -2,14 +2,30 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox/inbox"
+	"github.com/acemq/outbox/internal/amqpdial"
 )
 
 const inboxUsage = `Usage:
-  outbox inbox schema [--table inbox] [--apply]                  print (or create) the inbox table's DDL
+  outbox inbox schema [--table inbox] [--apply]                     print (or create) the inbox table's DDL
   outbox inbox purge  --consumer NAME --older-than 720h [--dry-run]  delete old records of handled messages
+  outbox inbox dead   --consumer NAME [--limit 50]                   list the messages a consumer dead-lettered
+  outbox inbox retry  --consumer NAME (ID... | --all) [--dry-run]    make dead-lettered messages eligible again
+  outbox inbox replay --from QUEUE [--to QUEUE] [--limit N] [--dry-run]
+                                                                    move messages from a dead-letter queue back
+
+To replay what a consumer dead-lettered once its cause is fixed: run
+"outbox inbox retry --consumer NAME --all" (or name the ids), then
+"outbox inbox replay --from DEAD-LETTER-QUEUE". The order matters: a
+replayed message whose record still says dead is dead-lettered again.
 `
 
 // cmdInbox runs the operator commands of package inbox's table.
@@ -26,6 +42,12 @@ func cmdInbox(ctx context.Context, x *cli, args []string) error {
 		return cmdInboxSchema(ctx, x, args[1:])
 	case "purge":
 		return cmdInboxPurge(ctx, x, args[1:])
+	case "dead":
+		return cmdInboxDead(ctx, x, args[1:])
+	case "retry":
+		return cmdInboxRetry(ctx, x, args[1:])
+	case "replay":
+		return cmdInboxReplay(ctx, x, args[1:])
 	}
 	fmt.Fprintf(x.stderr, "outbox inbox: unknown command %q\n\n%s", args[0], inboxUsage)
 	return errUsage
@@ -44,39 +66,222 @@ func cmdInboxSchema(ctx context.Context, x *cli, args []string) error {
 	return c.printOrApply(ctx, ddl, *apply)
 }
 
+// inboxCommand is an inbox command's flags and its inbox.
+type inboxCommand struct {
+	*common
+	consumer *string
+}
+
+func newInboxCommand(name string, x *cli) *inboxCommand {
+	c := &inboxCommand{common: newCommon("inbox "+name, x, inbox.TableDefault)}
+	c.consumer = c.fs.String("consumer", "", "the consumer (inbox.Config.Consumer) whose records to use; required")
+	return c
+}
+
+// open connects and returns the consumer's inbox, having checked that the
+// consumer has records at all (a misspelt name would otherwise act on
+// nothing, silently).
+func (c *inboxCommand) open(ctx context.Context) (*inbox.Inbox, inbox.Records, func(), error) {
+	if *c.consumer == "" {
+		return nil, inbox.Records{}, nil, c.usageError("--consumer is required, e.g. --consumer billing")
+	}
+	db, err := c.openDB(ctx)
+	if err != nil {
+		return nil, inbox.Records{}, nil, err
+	}
+	ib, err := inbox.New(db, &inbox.Config{Consumer: *c.consumer, Table: c.table})
+	if err != nil {
+		db.Close()
+		return nil, inbox.Records{}, nil, err
+	}
+	recs, err := ib.Records(ctx)
+	if err != nil {
+		db.Close()
+		return nil, recs, nil, c.explainInbox(err)
+	}
+	if recs == (inbox.Records{}) {
+		db.Close()
+		return nil, recs, nil, fmt.Errorf("consumer %q has no records in table %s: check --consumer (it is inbox.Config.Consumer) and --table", *c.consumer, c.table)
+	}
+	return ib, recs, func() { db.Close() }, nil
+}
+
+// explainInbox turns a missing inbox table into advice.
+func (c *common) explainInbox(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("inbox table %q does not exist in this database: create it with `outbox inbox schema --apply --table %s` or your migrations (inbox/migrations in the module)", c.table, c.table)
+	}
+	return err
+}
+
 func cmdInboxPurge(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("inbox purge", x, inbox.TableDefault)
-	consumer := c.fs.String("consumer", "", "the consumer whose records to purge; required")
+	c := newInboxCommand("purge", x)
 	olderThan := c.fs.Duration("older-than", 0, "delete records of messages handled or dead-lettered longer ago than this (e.g. 720h); required. Keep them longer than a message may be redelivered")
 	dryRun := c.fs.Bool("dry-run", false, "say how many records would be deleted, and do nothing")
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	if *consumer == "" || *olderThan <= 0 {
+	if *c.consumer == "" || *olderThan <= 0 {
 		return c.usageError("--consumer and a positive --older-than are required, e.g. --consumer billing --older-than 720h")
 	}
-	db, err := c.openDB(ctx)
+	ib, _, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	ib, err := inbox.New(db, &inbox.Config{Consumer: *consumer, Table: c.table})
-	if err != nil {
-		return err
-	}
+	defer done()
 	due, err := ib.Purgeable(ctx, *olderThan)
 	if err != nil {
-		return c.explain(err)
+		return c.explainInbox(err)
 	}
-	fmt.Fprintf(c.stderr, "purging %d record(s) of consumer %s older than %s from table %s\n", due, *consumer, *olderThan, c.table)
 	if *dryRun {
-		fmt.Fprintln(c.stdout, "dry run: nothing deleted")
+		fmt.Fprintf(c.stdout, "would purge %d record(s) of consumer %s older than %s from table %s\ndry run: nothing deleted\n", due, *c.consumer, *olderThan, c.table)
 		return nil
 	}
 	n, err := ib.Purge(ctx, *olderThan)
 	if err != nil {
-		return fmt.Errorf("after purging %d: %w", n, c.explain(err))
+		return fmt.Errorf("after purging %d: %w", n, c.explainInbox(err))
 	}
-	fmt.Fprintf(c.stdout, "purged %d record(s) of consumer %s from table %s\n", n, *consumer, c.table)
+	fmt.Fprintf(c.stdout, "purged %d record(s) of consumer %s older than %s from table %s\n", n, *c.consumer, *olderThan, c.table)
 	return nil
+}
+
+func cmdInboxDead(ctx context.Context, x *cli, args []string) error {
+	c := newInboxCommand("dead", x)
+	limit := c.fs.Int("limit", 50, "most records to list, the oldest first")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := c.positive(map[string]int64{"limit": int64(*limit)}); err != nil {
+		return err
+	}
+	ib, recs, done, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	dead, err := ib.Dead(ctx, *limit)
+	if err != nil {
+		return c.explainInbox(err)
+	}
+	if len(dead) == 0 {
+		fmt.Fprintf(c.stdout, "consumer %s has dead-lettered nothing (%d handled, %d failing) in table %s\n", *c.consumer, recs.Handled, recs.Failing, c.table)
+		return nil
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MESSAGE ID\tATTEMPTS\tDEAD SINCE\tLAST ERROR")
+	for _, d := range dead {
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", printable(d.MessageID, 80), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), printable(d.LastError, 120))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if recs.Dead > int64(len(dead)) {
+		fmt.Fprintf(c.stdout, "(%d of %d shown: --limit)\n", len(dead), recs.Dead)
+	}
+	fmt.Fprintf(c.stdout, "\nafter fixing the cause: outbox inbox retry --consumer %s --table %s --all, then outbox inbox replay --from <dead-letter queue>\n", *c.consumer, c.table)
+	return nil
+}
+
+func cmdInboxRetry(ctx context.Context, x *cli, args []string) error {
+	c := newInboxCommand("retry", x)
+	c.positional = "ID..."
+	all := c.fs.Bool("all", false, "every message the consumer dead-lettered")
+	dryRun := c.fs.Bool("dry-run", false, "say what would be made eligible again, and do nothing")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if *all == (len(c.args) > 0) {
+		return c.usageError("give message ids or --all, not both and not neither")
+	}
+	ib, recs, done, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if *dryRun {
+		if *all {
+			fmt.Fprintf(c.stdout, "would make %d dead-lettered message(s) of consumer %s eligible again in table %s\n", recs.Dead, *c.consumer, c.table)
+		} else {
+			fmt.Fprintf(c.stdout, "would make %d message(s) of consumer %s eligible again in table %s, those of them that are dead-lettered\n", len(c.args), *c.consumer, c.table)
+		}
+		fmt.Fprintln(c.stdout, "dry run: nothing changed")
+		return nil
+	}
+	var n int64
+	if *all {
+		n, err = ib.RetryAllDead(ctx)
+	} else {
+		n, err = ib.Retry(ctx, c.args...)
+	}
+	if err != nil {
+		return c.explainInbox(err)
+	}
+	fmt.Fprintf(c.stdout, "made %d dead-lettered message(s) of consumer %s eligible again in table %s\n", n, *c.consumer, c.table)
+	if !*all && n < int64(len(c.args)) {
+		fmt.Fprintf(c.stdout, "%d id(s) left alone: no dead-lettered record of this consumer (see outbox inbox dead)\n", int64(len(c.args))-n)
+	}
+	if n > 0 {
+		fmt.Fprintln(c.stdout, "now replay them: outbox inbox replay --from <dead-letter queue>")
+	}
+	return nil
+}
+
+func cmdInboxReplay(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("inbox replay", x, "")
+	from := c.fs.String("from", "", "the dead-letter queue to take messages from; required")
+	to := c.fs.String("to", "", "the queue to put them in (default: the queue each was dead-lettered from, by its x-death header)")
+	limit := c.fs.Int("limit", 1000, "most messages to move")
+	dryRun := c.fs.Bool("dry-run", false, "say how many messages wait in --from, and move nothing")
+	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if *from == "" {
+		return c.usageError("--from is required: the dead-letter queue to replay")
+	}
+	if err := c.positive(map[string]int64{"limit": int64(*limit)}); err != nil {
+		return err
+	}
+	urls := c.amqpURLs(*amqpURL)
+	if len(urls) == 0 {
+		urls = []string{"amqp://guest:guest@localhost:5672/"}
+	}
+	dialer, err := amqpdial.New("outbox inbox replay", "--amqp-url", amqpdial.Config{URLs: urls, Name: "acemq-outbox-replay"})
+	if err != nil {
+		return err
+	}
+	var conn *amqp.Connection
+	for i := range dialer.Nodes() {
+		if conn, err = dialer.Dial(ctx, i); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cannot reach RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	q, err := ch.QueueDeclarePassive(*from, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("queue %q: %w", *from, err)
+	}
+	_ = ch.Close()
+	if *dryRun {
+		fmt.Fprintf(c.stdout, "would move %d of the %d message(s) in %s back to %s\ndry run: nothing moved\n", min(q.Messages, *limit), q.Messages, *from, orDefault(*to, "the queues they were dead-lettered from"))
+		return nil
+	}
+	n, err := inbox.Replay(ctx, conn, *from, *to, *limit)
+	fmt.Fprintf(c.stdout, "moved %d message(s) from %s back to %s\n", n, *from, orDefault(*to, "the queues they were dead-lettered from"))
+	return err
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

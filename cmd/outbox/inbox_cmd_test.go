@@ -2,11 +2,17 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox/inbox"
+	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
 )
 
@@ -27,8 +33,8 @@ func TestInboxCommands(t *testing.T) {
 	require.NoError(t, err)
 	code, out, errOut = outboxCmd(t, nil, "inbox", "purge", "--table", table, "--consumer", "billing", "--older-than", "720h", "--dry-run")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, errOut, "purging 1 record(s) of consumer billing older than 720h0m0s from table "+table)
-	require.Contains(t, out, "dry run")
+	require.Contains(t, out, "would purge 1 record(s) of consumer billing older than 720h0m0s from table "+table)
+	require.Contains(t, out, "dry run: nothing deleted")
 	code, out, errOut = outboxCmd(t, nil, "inbox", "purge", "--table", table, "--consumer", "billing", "--older-than", "720h")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "purged 1 record(s) of consumer billing")
@@ -45,4 +51,105 @@ func TestInboxCommands(t *testing.T) {
 	ib, err := inbox.New(db, &inbox.Config{Consumer: "c", Table: table})
 	require.NoError(t, err)
 	require.NoError(t, ib.CreateSchemaIfAbsent(context.Background()))
+}
+
+// Issue 17, item 9: purge on a missing inbox table advises the inbox's
+// schema command, and a consumer without records is named, not purged
+// silently.
+func TestInboxCommandsExplainMissingTableAndConsumer(t *testing.T) {
+	t.Parallel()
+	table := dbtest.Table(t)
+	code, _, errOut := outboxCmd(t, nil, "inbox", "purge", "--table", table, "--consumer", "billing", "--older-than", "720h")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "outbox inbox schema --apply --table "+table)
+	code, _, errOut = outboxCmd(t, nil, "inbox", "schema", "--table", table, "--apply")
+	require.Equal(t, 0, code, errOut)
+	for _, args := range [][]string{
+		{"purge", "--older-than", "720h"}, {"dead"}, {"retry", "--all"},
+	} {
+		code, _, errOut = outboxCmd(t, nil, append(append([]string{"inbox"}, args...), "--table", table, "--consumer", "bilin")...)
+		require.Equal(t, 1, code, args)
+		require.Contains(t, errOut, `consumer "bilin" has no records in table `+table, args)
+	}
+}
+
+// Issue 17, item 6: a message dead-lettered by a consumer is listed by
+// `outbox inbox dead`, made eligible again by `outbox inbox retry`, moved
+// back by `outbox inbox replay`, and then applied once.
+func TestInboxDeadRetryReplay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	_, err := db.Exec(`CREATE TABLE "` + table + `_effects" (message_id text NOT NULL)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + table + `_effects"`) })
+	ib, err := inbox.New(db, &inbox.Config{Consumer: "billing", Table: table, MaxAttempts: 1, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, ib.CreateSchemaIfAbsent(ctx))
+
+	ch, err := amqptest.Conn(t).Channel()
+	require.NoError(t, err)
+	queue, dlq := amqptest.Name(t, "q"), amqptest.Name(t, "dlq")
+	_, err = ch.QueueDeclare(dlq, false, false, false, false, nil)
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(queue, false, false, false, false, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = ch.QueueDelete(queue, false, false, false)
+		_, _ = ch.QueueDelete(dlq, false, false, false)
+	})
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	require.NoError(t, err)
+	next := func() *amqp.Delivery {
+		select {
+		case d := <-deliveries:
+			return &d
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery")
+			return nil
+		}
+	}
+	broken := true
+	handler := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		if broken {
+			return errors.New("the tax service rejects the address")
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO "`+table+`_effects" VALUES ($1)`, d.MessageId)
+		return err
+	}
+	require.NoError(t, ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{MessageId: "order-9", Body: []byte("{}")}))
+	o, _ := ib.Handle(ctx, next(), handler)
+	require.Equal(t, inbox.DeadLettered, o)
+
+	code, out, errOut := outboxCmd(t, nil, "inbox", "dead", "--table", table, "--consumer", "billing")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "order-9")
+	require.Contains(t, out, "the tax service rejects the address")
+	code, out, errOut = outboxCmd(t, nil, "inbox", "retry", "--table", table, "--consumer", "billing", "--all", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would make 1 dead-lettered message(s) of consumer billing eligible again")
+	require.Contains(t, out, "dry run: nothing changed")
+	code, out, errOut = outboxCmd(t, nil, "inbox", "retry", "--table", table, "--consumer", "billing", "order-9", "order-404")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "made 1 dead-lettered message(s) of consumer billing eligible again")
+	require.Contains(t, out, "1 id(s) left alone")
+
+	env := map[string]string{"AMQP_URL": amqptest.URL()}
+	require.Eventually(t, func() bool {
+		q, err := ch.QueueDeclarePassive(dlq, false, false, false, false, nil)
+		return err == nil && q.Messages == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	code, out, errOut = outboxCmd(t, env, "inbox", "replay", "--from", dlq, "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would move 1 of the 1 message(s) in "+dlq)
+	code, out, errOut = outboxCmd(t, env, "inbox", "replay", "--from", dlq)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "moved 1 message(s) from "+dlq)
+
+	broken = false
+	o, err = ib.Handle(ctx, next(), handler)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Handled, o)
+	require.EqualValues(t, 1, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`_effects"`))
 }

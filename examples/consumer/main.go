@@ -4,7 +4,8 @@
 //	go run ./examples/consumer --exchange shop --binding 'order.#'
 //
 // It declares a durable queue (--queue, default "examples.consumer") bound
-// to the exchange, creates an inbox table and an effects table in
+// to the exchange, with a dead-letter queue ("<queue>.dead") that receives
+// what the inbox dead-letters (without one the broker would drop it), creates an inbox table and an effects table in
 // DATABASE_URL's database, and consumes until interrupted: each message's
 // effect (a row in consumer_effects) commits together with the inbox's
 // record of its id, and only then is the message acked. A message
@@ -82,8 +83,15 @@ func consume(ctx context.Context, dbURL, amqpURL, exchange, binding, queue strin
 	if err != nil {
 		return err
 	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+	// What the inbox dead-letters goes to <queue>.dead through the default
+	// exchange; `outbox inbox replay --from <queue>.dead` brings it back.
+	if _, err := ch.QueueDeclare(queue+".dead", true, false, false, false, nil); err != nil {
 		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": queue + ".dead",
+	}); err != nil {
+		return fmt.Errorf("declaring queue %q (an older run may have declared it without a dead-letter queue: delete it, or pass another --queue): %w", queue, err)
 	}
 	if err := ch.QueueBind(queue, binding, exchange, false, nil); err != nil {
 		return fmt.Errorf("binding to exchange %q (does it exist?): %w", exchange, err)
@@ -104,6 +112,7 @@ func consume(ctx context.Context, dbURL, amqpURL, exchange, binding, queue strin
 		return err
 	}
 	st := c.Stats()
-	fmt.Printf("applied %d effects exactly once; %d duplicates acked without a second effect\n", st.Handled, st.Duplicates)
+	fmt.Printf("applied %d effects exactly once; %d duplicates acked without a second effect; %d dead-lettered to %s.dead\n",
+		st.Handled, st.Duplicates, st.DeadLettered+st.Refused, queue)
 	return nil
 }

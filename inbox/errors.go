@@ -1,0 +1,189 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"unicode/utf8"
+)
+
+var (
+	// ErrNoMessageID is returned for a delivery without a message-id: it
+	// cannot be deduplicated, so it is refused (nack without requeue)
+	// rather than risk handling it twice.
+	ErrNoMessageID = errors.New("inbox: the delivery has no message-id, so it cannot be deduplicated; it was refused (dead-lettered)")
+
+	// ErrInvalidMessageID is returned for a delivery whose message-id
+	// cannot be stored (not valid UTF-8, a NUL byte, or a value the
+	// database refuses): it is refused (nack without requeue) at once, as
+	// no redelivery can change it.
+	ErrInvalidMessageID = errors.New("inbox: the delivery's message-id cannot be recorded; it was refused (dead-lettered)")
+
+	// ErrInvalidTable is returned for a table name that is not a plain,
+	// optionally schema-qualified, lowercase identifier.
+	ErrInvalidTable = errors.New("inbox: invalid table name")
+
+	// ErrHandlerRolledBack is the error of an attempt whose handler rolled
+	// the inbox's transaction back itself instead of returning an error.
+	// The attempt is counted. A handler returns its error and lets Handle
+	// roll back.
+	ErrHandlerRolledBack = errors.New("inbox: the handler rolled back the inbox's transaction itself; return an error instead and let Handle roll back")
+
+	// ErrHandlerCommitted is returned, with the outcome Handled, when the
+	// handler committed the inbox's transaction itself. The effect and the
+	// record were committed together, so the message counts as handled,
+	// but the handler must not commit: return nil and let Handle commit.
+	ErrHandlerCommitted = errors.New("inbox: the handler committed the inbox's transaction itself; return nil and let Handle commit")
+)
+
+// Permanent marks a handler's error as the message's own fault that no
+// retry can cure (a payload that does not parse, a reference to something
+// that will never exist): Handle dead-letters the message at once, without
+// waiting for MaxAttempts.
+//
+//	if err := json.Unmarshal(d.Body, &order); err != nil {
+//		return inbox.Permanent(err)
+//	}
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, permanent: true}
+}
+
+// Transient marks a handler's error as a passing fault outside the message
+// (a service it calls is down): Handle rolls back and requeues the
+// delivery without counting an attempt, and a Consumer backs off before
+// it takes deliveries again, as after a database failure. A message whose
+// handler only ever fails transiently is retried forever: mark only what
+// waiting can cure.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err}
+}
+
+type classified struct {
+	err       error
+	permanent bool
+}
+
+func (c *classified) Error() string { return c.err.Error() }
+func (c *classified) Unwrap() error { return c.err }
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var c *classified
+	return errors.As(err, &c) && c.permanent
+}
+
+// IsTransient reports whether err was marked with Transient.
+func IsTransient(err error) bool {
+	var c *classified
+	return errors.As(err, &c) && !c.permanent
+}
+
+// PanicError is the error of an attempt whose handler panicked. The
+// attempt is counted, as for an error the handler returned.
+type PanicError struct {
+	Value any    // what the handler panicked with
+	Stack []byte // the handler's goroutine stack at the panic
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("inbox: the handler panicked: %v", e.Value) }
+
+// checkMessageID returns why id cannot be recorded, or nil.
+func checkMessageID(id string) error {
+	switch {
+	case id == "":
+		return ErrNoMessageID
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: it is not valid UTF-8", ErrInvalidMessageID)
+	case strings.IndexByte(id, 0) >= 0:
+		return fmt.Errorf("%w: it holds a NUL byte", ErrInvalidMessageID)
+	}
+	return nil
+}
+
+func sqlState(err error) string {
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) {
+		return st.SQLState()
+	}
+	return ""
+}
+
+// retryAtOnce reports a serialization failure or a deadlock: the
+// transaction lost a race, and running it again at once is the cure.
+func retryAtOnce(err error) bool {
+	s := sqlState(err)
+	return s == "40001" || s == "40P01"
+}
+
+// infrastructure reports whether err is a failure of the database or of
+// the connection to it, not of the message: no attempt is counted for it.
+func infrastructure(err error) bool {
+	if err == nil {
+		return false
+	}
+	switch s := sqlState(err); {
+	case s == "":
+	case strings.HasPrefix(s, "08"), // connection exception
+		strings.HasPrefix(s, "53"),  // insufficient resources (too many connections, disk full)
+		strings.HasPrefix(s, "57P"), // admin or crash shutdown, cannot connect now
+		strings.HasPrefix(s, "58"),  // system error
+		s == "40001", s == "40P01",  // serialization failure, deadlock: retried at once first
+		s == "25006",                                                                                     // read-only transaction: a failover in progress
+		s == "55P03",                                                                                     // lock not available (lock_timeout)
+		s == "42P01", s == "42703", s == "42501", s == "3F000", s == "3D000", s == "28P01", s == "28000": // the inbox table, a privilege, the database: someone has to fix it, not the message
+		return true
+	default:
+		return false
+	}
+	var ne net.Error
+	switch {
+	case errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &ne):
+		return true
+	}
+	// pgx reports a use of a connection the server closed as "conn closed".
+	return strings.Contains(err.Error(), "conn closed")
+}
+
+// messageFault reports an error of the claim that only the message id can
+// cause (a data exception, a value over a limit): redelivering cannot help.
+func messageFault(err error) bool {
+	s := sqlState(err)
+	return strings.HasPrefix(s, "22") || strings.HasPrefix(s, "54")
+}
+
+// advice returns what an operator should do about an infrastructure
+// failure that waiting will not cure, or "".
+func advice(err error) string {
+	switch sqlState(err) {
+	case "42P01":
+		return "the inbox table does not exist: create it with `outbox inbox schema --apply` or your migrations"
+	case "42703":
+		return "the inbox table lacks a column: it was not created by this version's schema"
+	case "42501":
+		return "the database user lacks a privilege on the inbox table: GRANT SELECT, INSERT, UPDATE, DELETE on it"
+	case "3D000":
+		return "the database does not exist: check the database URL"
+	case "3F000":
+		return "the schema does not exist: create it or fix the table name"
+	case "28P01", "28000":
+		return "PostgreSQL refused the credentials: check the database URL's user and password"
+	}
+	return ""
+}
+
+// ctxEnded reports whether err is ctx's own end.
+func ctxEnded(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}

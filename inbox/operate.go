@@ -1,0 +1,139 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// DeadRecord is the record of a message the inbox dead-lettered.
+type DeadRecord struct {
+	MessageID  string
+	Attempts   int
+	LastError  string
+	ReceivedAt time.Time // its first delivery
+	DeadAt     time.Time
+}
+
+// Records counts a consumer's records by state.
+type Records struct {
+	Handled int64 // applied; later deliveries are duplicates
+	Failing int64 // failed, to be tried again at the next delivery
+	Dead    int64 // dead-lettered; Retry makes them eligible again
+}
+
+// Records counts the consumer's records.
+func (ib *Inbox) Records(ctx context.Context) (Records, error) {
+	var r Records
+	if err := ib.db.QueryRowContext(ctx, ib.q.records, ib.consumer).Scan(&r.Handled, &r.Failing, &r.Dead); err != nil {
+		return r, ib.wrap("counting the records of consumer "+ib.consumer, err)
+	}
+	return r, nil
+}
+
+// Dead lists up to limit records of messages the consumer dead-lettered,
+// the oldest first.
+func (ib *Inbox) Dead(ctx context.Context, limit int) ([]DeadRecord, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("inbox: Dead: limit must be positive (got %d)", limit)
+	}
+	rows, err := ib.db.QueryContext(ctx, ib.q.dead, ib.consumer, limit)
+	if err != nil {
+		return nil, ib.wrap("listing dead-lettered messages", err)
+	}
+	defer rows.Close()
+	var out []DeadRecord
+	for rows.Next() {
+		var r DeadRecord
+		if err := rows.Scan(&r.MessageID, &r.Attempts, &r.LastError, &r.ReceivedAt, &r.DeadAt); err != nil {
+			return nil, ib.wrap("listing dead-lettered messages", err)
+		}
+		out = append(out, r)
+	}
+	return out, ib.wrap("listing dead-lettered messages", rows.Err())
+}
+
+// Retry makes the dead-lettered messages named by ids eligible again: their
+// attempts start from zero, and the next delivery of each (replayed from
+// the dead-letter queue, see the package doc) runs the handler. It returns
+// how many records it changed; ids without a dead record are left alone.
+func (ib *Inbox) Retry(ctx context.Context, ids ...string) (int64, error) {
+	tx, err := ib.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, ib.wrap("re-arming dead-lettered messages", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	var total int64
+	for _, id := range ids {
+		res, err := tx.ExecContext(ctx, ib.q.revive, ib.consumer, id)
+		if err != nil {
+			return 0, ib.wrap("re-arming dead-lettered message "+id, err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, ib.wrap("re-arming dead-lettered messages", err)
+	}
+	return total, nil
+}
+
+// RetryAllDead makes every message the consumer dead-lettered eligible
+// again, as Retry does, and returns how many.
+func (ib *Inbox) RetryAllDead(ctx context.Context) (int64, error) {
+	res, err := ib.db.ExecContext(ctx, ib.q.reviveAll, ib.consumer)
+	if err != nil {
+		return 0, ib.wrap("re-arming dead-lettered messages", err)
+	}
+	return res.RowsAffected()
+}
+
+// wrap prefixes a database error, with advice when the table is missing.
+func (ib *Inbox) wrap(doing string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if a := advice(err); a != "" {
+		return fmt.Errorf("inbox: %s in %s: %w (%s)", doing, ib.name, err, a)
+	}
+	return fmt.Errorf("inbox: %s in %s: %w", doing, ib.name, err)
+}
+
+// Purgeable counts the records Purge(ctx, olderThan) would delete now.
+func (ib *Inbox) Purgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("inbox: Purgeable: age must not be negative (got %s)", olderThan)
+	}
+	var n int64
+	if err := ib.db.QueryRowContext(ctx, ib.q.purgeable, ib.consumer, olderThan.Microseconds()).Scan(&n); err != nil {
+		return 0, ib.wrap("counting purgeable records", err)
+	}
+	return n, nil
+}
+
+// PurgeBatchSize is how many rows one statement of Purge deletes.
+const PurgeBatchSize = 5000
+
+// Purge deletes the consumer's records of messages handled or dead-lettered
+// more than olderThan ago, in batches of PurgeBatchSize, and returns how
+// many it deleted. A message redelivered after its record is purged would
+// be handled again: keep records longer than the broker may redeliver and
+// the outbox relay may publish twice (its lease, plus the longest outage
+// you ride out). Records of messages still failing are kept.
+func (ib *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("inbox: Purge: age must not be negative (got %s)", olderThan)
+	}
+	var total int64
+	for {
+		res, err := ib.db.ExecContext(ctx, ib.q.purge, ib.consumer, olderThan.Microseconds(), PurgeBatchSize)
+		if err != nil {
+			return total, ib.wrap("purging", err)
+		}
+		n, err := res.RowsAffected()
+		total += n
+		if err != nil || n < PurgeBatchSize {
+			return total, err
+		}
+	}
+}

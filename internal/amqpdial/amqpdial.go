@@ -1,0 +1,157 @@
+// Package amqpdial is the one way this module connects to RabbitMQ: the
+// relay's publisher and the inbox's consumer both dial through it. It
+// parses the configured URLs once (errors never quote them: they may hold
+// a password), dials one node with a timeout that covers the TCP, TLS and
+// AMQP handshakes and with the caller's context, and names the nodes for
+// logs without their credentials.
+package amqpdial
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// TimeoutDefault bounds one connection attempt to one node.
+const TimeoutDefault = 10 * time.Second
+
+// Config says how to reach the broker.
+type Config struct {
+	URLs      []string      // amqp:// or amqps://, tried in turn
+	TLS       *tls.Config   // for amqps:// URLs; nil: Go's defaults
+	Timeout   time.Duration // one attempt to one node; 0: TimeoutDefault
+	Heartbeat time.Duration // 0: amqp091-go's default
+	Name      string        // the connection's name in the management UI
+}
+
+// Dialer dials the nodes of one configuration.
+type Dialer struct {
+	cfg       Config
+	display   []string
+	passwords []string
+}
+
+// New checks cfg. prefix starts its errors ("relay", "inbox"); field names
+// the setting the URLs came from, for them.
+func New(prefix, field string, cfg Config) (*Dialer, error) {
+	if len(cfg.URLs) == 0 {
+		return nil, fmt.Errorf("%s: %s names no broker", prefix, field)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("%s: the dial timeout must not be negative (got %s)", prefix, cfg.Timeout)
+	}
+	if cfg.Heartbeat < 0 {
+		return nil, fmt.Errorf("%s: the heartbeat must not be negative (got %s)", prefix, cfg.Heartbeat)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = TimeoutDefault
+	}
+	cfg.URLs = append([]string(nil), cfg.URLs...)
+	d := &Dialer{cfg: cfg}
+	for i, u := range cfg.URLs {
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			// The parse error can quote the URL; report only its position.
+			return nil, fmt.Errorf("%s: %s #%d is not a valid amqp:// or amqps:// URL (%s)", prefix, field, i+1, RedactedURIError(err, u))
+		}
+		d.display = append(d.display, Display(uri))
+		if uri.Password != "" {
+			d.passwords = append(d.passwords, uri.Password)
+		}
+	}
+	return d, nil
+}
+
+// Nodes is how many URLs there are.
+func (d *Dialer) Nodes() int { return len(d.cfg.URLs) }
+
+// Display names node i without credentials.
+func (d *Dialer) Display(i int) string { return d.display[i] }
+
+// Timeout is the configured timeout of one attempt.
+func (d *Dialer) Timeout() time.Duration { return d.cfg.Timeout }
+
+// Redact replaces the configured passwords in s.
+func (d *Dialer) Redact(s string) string {
+	for _, p := range d.passwords {
+		if p != "" {
+			s = strings.ReplaceAll(s, p, "xxxxx")
+		}
+	}
+	return s
+}
+
+// Dial connects to node i. amqp091-go's dial is not context-aware; the
+// socket is closed when ctx ends, so that a shutdown is not held up by a
+// broker that accepts connections and then does not answer.
+func (d *Dialer) Dial(ctx context.Context, i int) (*amqp.Connection, error) {
+	var (
+		mu      sync.Mutex
+		sockets []net.Conn
+	)
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sockets {
+			_ = s.Close()
+		}
+	})
+	props := amqp.NewConnectionProperties()
+	if d.cfg.Name != "" {
+		props.SetClientConnectionName(d.cfg.Name)
+	}
+	conn, err := amqp.DialConfig(d.cfg.URLs[i], amqp.Config{
+		Heartbeat:       d.cfg.Heartbeat,
+		TLSClientConfig: d.cfg.TLS,
+		Properties:      props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			nd := net.Dialer{Timeout: d.cfg.Timeout}
+			s, err := nd.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// A deadline for the TLS and AMQP handshakes; amqp091-go clears
+			// it once the connection is open, as with its DefaultDial.
+			if err := s.SetDeadline(time.Now().Add(d.cfg.Timeout)); err != nil {
+				s.Close()
+				return nil, err
+			}
+			mu.Lock()
+			sockets = append(sockets, s)
+			mu.Unlock()
+			return s, nil
+		},
+	})
+	if !stop() { // ctx ended during the dial: whatever it produced is closed
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, ctx.Err()
+	}
+	return conn, err // amqp091-go's errors do not quote the URL
+}
+
+// Display names a broker node without its credentials.
+func Display(u amqp.URI) string {
+	return fmt.Sprintf("%s://%s:%d/%s", u.Scheme, u.Host, u.Port, strings.TrimPrefix(u.Vhost, "/"))
+}
+
+// RedactedURIError keeps amqp091's explanation unless it quotes the URL,
+// which may hold a password.
+func RedactedURIError(err error, raw string) string {
+	msg := err.Error()
+	secret := raw
+	if i, j := strings.Index(raw, "://"), strings.LastIndex(raw, "@"); i >= 0 && j > i {
+		secret = raw[i+3 : j]
+	}
+	if strings.Contains(msg, raw) || strings.Contains(msg, secret) {
+		return "malformed URL"
+	}
+	return msg
+}
