@@ -10,8 +10,11 @@ import (
 	"github.com/google/uuid"
 )
 
-// Pending returns how many messages are not yet published, counting those
-// currently claimed, those waiting out a backoff and those parked.
+// Pending returns how many messages wait to be published: those currently
+// claimed, those waiting out a backoff and, in ordered mode, those held
+// behind a failed message of their key count; parked ones do not (they
+// wait for an operator: Stats.Parked). Pending means this everywhere:
+// Stats, Gauges, the metrics and `outbox status`.
 func (s *Store) Pending(ctx context.Context) (int64, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -26,14 +29,16 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 
 // Stats is a snapshot of an outbox table for operators and metrics.
 type Stats struct {
-	// Pending counts unpublished messages, including claimed and parked ones.
+	// Pending counts the messages waiting to be published, as
+	// Store.Pending does: claimed, backing off and held ones included,
+	// parked ones not.
 	Pending int64
 	// Claimed counts messages under a lease that has not expired.
 	Claimed int64
 	// Parked counts messages that exhausted their attempts.
 	Parked int64
-	// OldestPendingAge is how long the oldest unpublished message has been
-	// waiting (zero when nothing is pending).
+	// OldestPendingAge is how long the oldest pending message has been
+	// waiting (zero when nothing is pending); parked ones do not count.
 	OldestPendingAge time.Duration
 	// PublishedLastHour counts messages published in the last hour.
 	PublishedLastHour int64
@@ -43,7 +48,7 @@ type Stats struct {
 	BlockedKeys int64
 	// Held counts the messages set aside, in ordered mode, behind a
 	// message of their key that failed; they come back when it is
-	// published, retried or discarded.
+	// published, retried or discarded. They are part of Pending.
 	Held int64
 }
 
@@ -273,9 +278,13 @@ const GaugesLimitDefault = 100_000
 // metrics scrape, however large the table: each figure is read from a
 // partial index, and the counts stop at a limit.
 type Gauges struct {
-	// Pending counts messages waiting to be published (claimed ones and
-	// those backing off included, parked ones not), up to the limit.
+	// Pending counts messages waiting to be published, as Store.Pending
+	// does (claimed, backing off and held ones included, parked ones
+	// not), up to the limit.
 	Pending int64
+	// Held counts the pending messages held, in ordered mode, behind a
+	// failed message of their key, up to the limit.
+	Held int64
 	// Parked counts parked messages, up to the limit.
 	Parked int64
 	// Limit is the limit the counts stop at: a count equal to it means
@@ -304,10 +313,11 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	}
 	g := Gauges{Limit: limit}
 	var oldest float64
-	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Pending, &g.Parked, &oldest, &g.BlockedKeys); err != nil {
+	var oldestHeld float64
+	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Pending, &g.Parked, &oldest, &g.BlockedKeys, &g.Held, &oldestHeld); err != nil {
 		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
 	}
-	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
+	g.OldestPendingAge = time.Duration(max(oldest, oldestHeld) * float64(time.Second)).Round(time.Millisecond)
 	return g, nil
 }
 

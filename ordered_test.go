@@ -73,6 +73,10 @@ func TestOrderedClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 3, st.Held)
 	require.EqualValues(t, 5, st.Pending, "a1 to a4, and the free message still claimed")
+	g, err := b.store.Gauges(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{st.Pending, st.Held}, [2]int64{g.Pending, g.Held}, "Stats and Gauges agree (issue 18, item 3)")
+	require.InDelta(t, st.OldestPendingAge.Seconds(), g.OldestPendingAge.Seconds(), 1)
 
 	// Once a1 is ready again, it goes first, alone; publishing it brings
 	// back a2, a3 and a4, which go together, in order.

@@ -99,10 +99,12 @@ RETURNING id`),
 		markFailed: r2(markFailedSQL + `
 RETURNING attempts, parked_at IS NOT NULL`),
 
+		// Pending means one thing everywhere (Store.Pending, Stats,
+		// Gauges, the metrics, outbox status): waiting to be published,
+		// claimed, backing off and held ones included, parked ones not.
 		pending: r2(`SELECT
 	(SELECT count(*) FROM {table} WHERE {waiting}) +
-	(SELECT count(*) FROM {table} WHERE {held}) +
-	(SELECT count(*) FROM {table} WHERE {parked})`),
+	(SELECT count(*) FROM {table} WHERE {held})`),
 
 		stats: r2(`WITH live AS (
 	SELECT count(*) AS n,
@@ -110,13 +112,12 @@ RETURNING attempts, parked_at IS NOT NULL`),
 	       min(created_at) AS oldest
 	FROM {table} WHERE {waiting}
 ), held AS (
-	SELECT count(*) AS n FROM {table} WHERE {held}
+	SELECT count(*) AS n, min(created_at) AS oldest FROM {table} WHERE {held}
 ), parked AS (
-	SELECT count(*) AS n, min(created_at) AS oldest
-	FROM {table} WHERE {parked}
+	SELECT count(*) AS n FROM {table} WHERE {parked}
 )
-SELECT live.n + held.n + parked.n, live.claimed, parked.n,
-       coalesce(extract(epoch FROM now() - least(live.oldest, parked.oldest))::float8, 0),
+SELECT live.n + held.n, live.claimed, parked.n,
+       coalesce(extract(epoch FROM now() - least(live.oldest, held.oldest))::float8, 0),
        (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour' AND discarded_at IS NULL),
        (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> ''),
        held.n
@@ -145,7 +146,10 @@ LIMIT $1`),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
 	coalesce(extract(epoch FROM now() - (
 		SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1))::float8, 0),
-	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b)`),
+	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h2),
+	coalesce(extract(epoch FROM now() - (
+		SELECT min(created_at) FROM (SELECT created_at FROM {table} WHERE {held} LIMIT $1) AS ho))::float8, 0)`),
 
 		purgeable: r2(`SELECT count(*) FROM {table}
 WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),

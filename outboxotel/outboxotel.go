@@ -143,7 +143,9 @@ func NewObserver(cfg *Config) (*Observer, error) {
 
 func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, ready func() bool) error {
 	pending, err1 := m.Int64ObservableGauge("outbox.pending", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages waiting to be published (parked ones not included), counted up to a limit (100,000 by default) from the claim index: a value at the limit means at least that many"))
+		metric.WithDescription("Messages waiting to be published (claimed, backing off and held ones included, parked ones not: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from the claim index: a value at the limit means at least that many"))
+	held, err6 := m.Int64ObservableGauge("outbox.held", metric.WithUnit("{message}"),
+		metric.WithDescription("Pending messages held, in ordered mode, behind a failed message of their key, counted up to a limit"))
 	parked, err2 := m.Int64ObservableGauge("outbox.parked", metric.WithUnit("{message}"),
 		metric.WithDescription("Parked messages, which need an operator, counted up to a limit (100,000 by default) from the parked index"))
 	oldest, err3 := m.Float64ObservableGauge("outbox.oldest_pending.age", metric.WithUnit("s"),
@@ -152,7 +154,7 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		metric.WithDescription("Keys with a parked message: in ordered mode their later messages wait for an operator (outbox retry or outbox discard)"))
 	readyGauge, err4 := m.Int64ObservableGauge("outbox.relay.ready", metric.WithUnit("{relay}"),
 		metric.WithDescription("1 while this relay is ready (its last round went through and its last claim is recent), 0 otherwise: summed, the relays ready"))
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 		return err
 	}
 	reg, err := m.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
@@ -177,8 +179,9 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		obs.ObserveInt64(parked, g.Parked, attrs)
 		obs.ObserveFloat64(oldest, g.OldestPendingAge.Seconds(), attrs)
 		obs.ObserveInt64(blocked, g.BlockedKeys, attrs)
+		obs.ObserveInt64(held, g.Held, attrs)
 		return nil
-	}, pending, parked, oldest, blocked, readyGauge)
+	}, pending, parked, oldest, blocked, held, readyGauge)
 	o.reg = reg
 	return err
 }

@@ -14,6 +14,12 @@ func fatal(err error) bool {
 	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool)
 }
 
+// Advice returns what a person has to do when err will not go away by
+// waiting (a password, a permission, a missing database, vhost or table),
+// or "" for a failure that retrying can cure. The relay logs such errors
+// at error level, with the advice, and still retries them.
+func Advice(err error) string { return permanent(err) }
+
 // permanent returns advice when err will not go away by waiting (a person
 // has to change a password, a permission or the schema), or "". The relay
 // still retries such errors, as the fix may come while it runs, but logs

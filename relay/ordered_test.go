@@ -203,10 +203,10 @@ func TestOrderedLostLease(t *testing.T) {
 	b.write(t, keys*perKey, keys*perKey, func(i int) outbox.Event {
 		return outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", i%keys), Payload: []byte(fmt.Sprint(i))}
 	})
-	// Its first round goes out a second after the claim, long after its
-	// lease (300ms) has passed to the other relay.
-	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), time.Second},
-		&relay.Config{MaxInFlight: 1, BatchSize: keys * perKey, Lease: 300 * time.Millisecond, PublishTimeout: 250 * time.Millisecond})
+	// Its first round goes out three seconds after the claim, long after
+	// its lease (1s, the least there is) has passed to the other relay.
+	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), 3 * time.Second},
+		&relay.Config{MaxInFlight: 1, BatchSize: keys * perKey, Lease: relay.LeaseMin, PublishTimeout: 800 * time.Millisecond})
 	require.Eventually(t, func() bool { return b.count(t, "claim_token IS NOT NULL") > 0 }, 10*time.Second, time.Millisecond)
 	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, Lease: 5 * time.Second})
 

@@ -18,6 +18,7 @@ const (
 	BackoffMaxDefault      = 30 * time.Second
 	BatchSizeDefault       = 100
 	LeaseDefault           = 30 * time.Second
+	LeaseMin               = time.Second // shorter leases run out under an ordinary batch
 	PollIntervalDefault    = 100 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
 	PurgeIntervalDefault   = time.Hour
@@ -45,7 +46,7 @@ type Config struct {
 	// Lease is how long a claim holds. It must be comfortably longer than
 	// PublishTimeout: a relay that dies leaves its batch to others after
 	// the lease, so it is also the longest a message waits after a crash.
-	// Defaults to 30s.
+	// At least LeaseMin (1s). Defaults to 30s.
 	Lease time.Duration
 
 	// Logger receives the relay's logs. Defaults to slog.Default().
@@ -126,8 +127,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("relay: Config.MaxInFlight must be at least 1 (got %d)", c.MaxInFlight)
 	case c.BackoffMax < backoffMin:
 		return fmt.Errorf("relay: Config.BackoffMax must be at least %s (got %s)", backoffMin, c.BackoffMax)
-	case c.Lease < time.Millisecond:
-		return fmt.Errorf("relay: Config.Lease must be at least 1ms (got %s)", c.Lease)
+	case c.Lease < LeaseMin:
+		return fmt.Errorf("relay: Config.Lease must be at least %s (got %s): a batch still being published or marked when its lease runs out is published again by another relay", LeaseMin, c.Lease)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("relay: Config.PollInterval must be positive (got %s)", c.PollInterval)
 	case c.PublishTimeout <= 0:

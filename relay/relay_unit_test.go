@@ -280,6 +280,7 @@ func TestConfigValidation(t *testing.T) {
 		want string
 	}{
 		{Config{BatchSize: -1}, "Config.BatchSize"},
+		{Config{Lease: 90 * time.Millisecond}, "Config.Lease must be at least 1s (got 90ms)"}, // issue 18, item 5
 		{Config{Lease: time.Second, PublishTimeout: 2 * time.Second}, "Config.PublishTimeout (2s) must be shorter than Config.Lease (1s)"},
 		{Config{PollInterval: -time.Second}, "Config.PollInterval"},
 		{Config{BackoffMax: time.Millisecond}, "Config.BackoffMax"},

@@ -27,7 +27,9 @@ Usage:
   outbox purge   --older-than 168h   delete published messages older than that
   outbox schema  [flags]             print the table's DDL (--apply creates it)
   outbox bench   [flags]             measure relay throughput and latency on a scratch table
-  outbox inbox   schema|purge        the consumers' inbox table (package inbox)
+  outbox inbox   schema|purge|dead|retry|replay
+                                     the consumers' inbox table and dead letters (package inbox)
+  outbox version                     the binary's version (also --version)
 
 The database comes from --database-url or DATABASE_URL, the broker from
 --amqp-url or AMQP_URL (comma-separated URLs for the nodes of a cluster).
@@ -59,6 +61,7 @@ var commands = map[string]command{
 	"schema":  cmdSchema,
 	"bench":   cmdBench,
 	"inbox":   cmdInbox,
+	"version": cmdVersion,
 }
 
 // run executes one command and returns the process exit code: 0 success
@@ -69,6 +72,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv en
 	sec.addDSN(strings.Split(getenv("AMQP_URL"), ",")...)
 	x := &cli{stdout: sec.writer(stdout), stderr: sec.writer(stderr), getenv: getenv, secrets: sec}
 
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		fmt.Fprintln(x.stdout, version())
+		return 0
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help" {
 		if len(args) > 1 && args[0] == "help" {
 			if _, ok := commands[args[1]]; ok { // outbox help status = outbox status --help
@@ -227,7 +234,7 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 	if _, err := pgconn.ParseConfig(c.databaseURL); err != nil {
 		// pgx's own message may quote the string; the output filter
 		// removes the password, this says what is wrong.
-		return nil, fmt.Errorf("the database URL %s is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+		return nil, fmt.Errorf("the database URL %s is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), c.secrets.scrub(parseReason(err)))
 	}
 	db, err := sql.Open("pgx", c.databaseURL)
 	if err != nil {
@@ -240,6 +247,19 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s\nCheck that the server runs and DATABASE_URL is right", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
 	}
 	return db, nil
+}
+
+// parseReason is pgx's reason for refusing a connection string without the
+// string itself, which pgx quotes with only part of a password redacted.
+func parseReason(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "cannot parse `"); i >= 0 {
+		if j := strings.LastIndex(msg, "`: "); j > i {
+			return msg[:i] + msg[j+3:]
+		}
+		return "it cannot be parsed"
+	}
+	return msg
 }
 
 // explain turns a missing table or column into advice.

@@ -29,11 +29,13 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(w, "table\t%s\n", c.table)
 	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
 	fmt.Fprintf(w, "claimed\t%d\n", st.Claimed)
-	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
+	fmt.Fprintf(w, "held\t%d\n", st.Held)
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
-	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
+	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
 	fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
-	fmt.Fprintf(w, "held behind a failed message\t%d\n", st.Held)
+	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
+	fmt.Fprintf(w, "\npending: waiting to be published, claimed and held ones included, parked ones not (as outbox_pending)\n")
+	fmt.Fprintf(w, "held: in ordered mode, behind a failed message of their key; blocked keys: keys with a parked message\n")
 	if st.Parked > 0 {
 		fmt.Fprintf(w, "\nparked messages need a look: outbox parked --table %s\n", c.table)
 	}
@@ -129,11 +131,11 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 		if err != nil {
 			return c.explain(err)
 		}
-		fmt.Fprintf(c.stderr, "re-arming all %d parked message(s) of table %s\n", st.Parked, c.table)
 		if *dryRun {
-			fmt.Fprintln(c.stdout, "dry run: nothing re-armed")
+			fmt.Fprintf(c.stdout, "would re-arm all %d parked message(s) of table %s\ndry run: nothing re-armed\n", st.Parked, c.table)
 			return nil
 		}
+		fmt.Fprintf(c.stderr, "re-arming all %d parked message(s) of table %s\n", st.Parked, c.table)
 		n, err = store.RetryAllParked(ctx)
 		if err != nil {
 			return c.explain(err)
@@ -153,9 +155,13 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 	return nil
 }
 
+// discardDryRunLimit bounds the parked messages a dry run of discard reads.
+const discardDryRunLimit = 100_000
+
 func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("discard", x, outbox.TableDefault)
 	c.positional = "ID..."
+	dryRun := c.fs.Bool("dry-run", false, "say which of the ids are parked messages that would be discarded, and do nothing")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -168,6 +174,26 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
+	if *dryRun {
+		parked, err := store.Parked(ctx, discardDryRunLimit)
+		if err != nil {
+			return c.explain(err)
+		}
+		want := map[string]bool{}
+		for _, id := range ids {
+			want[strings.ToLower(id)] = true
+		}
+		var found []string
+		for _, m := range parked {
+			if want[strings.ToLower(m.ID)] {
+				found = append(found, m.ID)
+			}
+		}
+		fmt.Fprintf(c.stdout, "would discard %d of the %d id(s) given, the parked messages of table %s: %s\ndry run: nothing discarded\n",
+			len(found), len(ids), c.table, strings.Join(found, " "))
+		return nil
+	}
+	fmt.Fprintf(c.stderr, "discarding %d message(s) of table %s, those of them that are parked\n", len(ids), c.table)
 	n, err := store.Discard(ctx, ids...)
 	if err != nil {
 		return c.explain(err)
@@ -208,11 +234,11 @@ func cmdPurge(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return c.explain(err)
 	}
-	fmt.Fprintf(c.stderr, "purging %d published message(s) older than %s from table %s\n", due, *olderThan, c.table)
 	if *dryRun {
-		fmt.Fprintln(c.stdout, "dry run: nothing deleted")
+		fmt.Fprintf(c.stdout, "would purge %d published message(s) older than %s from table %s\ndry run: nothing deleted\n", due, *olderThan, c.table)
 		return nil
 	}
+	fmt.Fprintf(c.stderr, "purging %d published message(s) older than %s from table %s\n", due, *olderThan, c.table)
 	started := time.Now()
 	last := started
 	n, err := store.PurgePublishedProgress(ctx, *olderThan, func(total int64) {

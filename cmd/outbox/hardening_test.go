@@ -27,6 +27,8 @@ func TestNoSecretIsEverPrinted(t *testing.T) {
 		"keyword/value quote": "host=127.0.0.1 port=1 user=postgres password='" + pw + "' dbname=test connect_timeout=1",
 		"malformed url":       "postgres://postgres:" + pw + "@127.0.0.1:notaport/test",
 		"malformed kv":        "host=127.0.0.1 password=" + pw + " port=",
+		"kv semicolon":        "host=127.0.0.1 port=1 password=ab;" + pw + " dbname=test connect_timeout=1",
+		"kv open quote":       "host=127.0.0.1 port=1 password='ab " + pw + " dbname=test",
 		"wrong password":      strings.Replace(dbtest.URL(), "postgres://postgres", "postgres://postgres:"+pw, 1),
 	}
 	amqpURLs := map[string]string{
@@ -91,8 +93,13 @@ func TestRedactDSN(t *testing.T) {
 		"postgres://u@h/db?sslmode=disable&password=p2": "postgres://u@h/db?sslmode=disable&password=xxxxx",
 		"host=h user=u password=p3 dbname=d":            "host=h user=u password=xxxxx dbname=d",
 		"host=h password = 'p 4' dbname=d":              "host=h password = xxxxx dbname=d",
-		"postgres://u:p5@h:bad/db":                      "(the configured URL, which is malformed)",
-		"amqp://guest:p6@localhost:5672/":               "amqp://guest:xxxxx@localhost:5672/",
+		// Issue 18, item 6: the value runs to the next whitespace whatever
+		// it holds, and an open quote to the end.
+		"host=h password=ab;S3cr3tTail dbname=d":         "host=h password=xxxxx dbname=d",
+		"host=h password='ab cd S3cr3tTail dbname=d":     "host=h password=xxxxx",
+		"postgres://u@h/db?password=a;b&sslmode=disable": "postgres://u@h/db?password=xxxxx&sslmode=disable",
+		"postgres://u:p5@h:bad/db":                       "(the configured URL, which is malformed)",
+		"amqp://guest:p6@localhost:5672/":                "amqp://guest:xxxxx@localhost:5672/",
 	} {
 		require.Equal(t, want, redactDSN(in), in)
 	}
@@ -135,13 +142,13 @@ func TestFlagMisuseIsRefused(t *testing.T) {
 
 	code, out, errOut := outboxCmd(t, nil, "purge", "--older-than", "1h", "--table", table, "--dry-run")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, errOut, "purging 1 published message(s) older than 1h0m0s from table "+table)
+	require.Contains(t, out, "would purge 1 published message(s) older than 1h0m0s from table "+table)
 	require.Contains(t, out, "dry run: nothing deleted")
 	require.EqualValues(t, 2, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`"`))
 
 	code, out, errOut = outboxCmd(t, nil, "retry", "--all-parked", "--dry-run", "--table", table)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, errOut, "re-arming all 1 parked message(s) of table "+table)
+	require.Contains(t, out, "would re-arm all 1 parked message(s) of table "+table)
 	require.Contains(t, out, "dry run")
 	require.EqualValues(t, 1, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE parked_at IS NOT NULL`))
 

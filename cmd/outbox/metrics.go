@@ -19,6 +19,10 @@ import (
 	"github.com/acemq/outbox/relay"
 )
 
+// readyCheckTimeout bounds the broker check of /readyz; probes that call it
+// should allow as long.
+const readyCheckTimeout = 5 * time.Second
+
 // metricsServer serves /metrics (OpenTelemetry's Prometheus exporter),
 // /healthz and /readyz for one relay.
 type metricsServer struct {
@@ -54,7 +58,9 @@ func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x 
 			return false, http.StatusServiceUnavailable, fmt.Sprintf("not ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
 		}
 		// An idle relay publishes nothing: check that the broker answers.
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// RabbitMQ answers a refused login after about 3s: wait longer, so
+		// that the answer, not a timeout, is what readiness reports.
+		ctx, cancel := context.WithTimeout(context.Background(), readyCheckTimeout)
 		defer cancel()
 		if err := pub.Check(ctx); err != nil {
 			return false, http.StatusServiceUnavailable, "not ready: " + x.secrets.scrub(err.Error())

@@ -40,17 +40,17 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
 	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set")
 	inFlight := c.fs.Int("max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own")
-	lease := c.fs.Duration("lease", relay.LeaseDefault, "how long a claim holds; another relay takes over a dead relay's batch after it")
+	lease := c.fs.Duration("lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
 	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
 	publishTimeout := c.fs.Duration("publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
 	shutdown := c.fs.Duration("shutdown-timeout", relay.ShutdownTimeoutDefault, "how long to wait for confirms on SIGINT/SIGTERM before releasing")
 	maxAttempts := c.fs.Int("max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which a message is parked")
 	purgeAfter := c.fs.Duration("purge-after", 0, "also purge published messages older than this, hourly (default: never)")
-	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY (needs `outbox schema --notify`) instead of waiting for the next poll")
+	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY instead of waiting for the next poll; needs the table's trigger (outbox schema --notify --apply) and a direct connection, not a transaction pooler")
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
 	ordered := c.fs.Bool("ordered", false, "keep the order of each key (outbox.OrderedByKey); the table's writers must use ordered mode too")
-	metricsAddr := c.fs.String("metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. :9464 (default: none)")
+	metricsAddr := c.fs.String("metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. 127.0.0.1:9464 (:9464 listens on every interface) (default: none)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -63,6 +63,9 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	if *publishTimeout < 0 || *purgeAfter < 0 {
 		return c.usageError("--publish-timeout and --purge-after must not be negative")
+	}
+	if *lease < relay.LeaseMin {
+		return c.usageError("--lease %s is too short: at least %s. A batch still being published or marked when its lease runs out is taken and published again by another relay, so a lease shorter than a batch's round trips publishes messages many times", *lease, relay.LeaseMin)
 	}
 	if *publishTimeout >= *lease {
 		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s), or another relay may take a batch while it is still being published", *publishTimeout, *lease)
@@ -84,7 +87,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
-	if _, err := store.Gauges(ctx, 1); err != nil { // the table is there and ours; cheap however large
+	if err := probeTable(ctx, store, logger); err != nil {
 		return c.explain(err)
 	}
 	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger})
@@ -92,6 +95,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer pub.Close()
+	probeBroker(ctx, pub, logger)
 	cfg := &relay.Config{
 		BatchSize: *batch, MaxInFlight: *inFlight, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
 		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
@@ -102,7 +106,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 			return c.explain(err)
 		}
 		if !ok {
-			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify`",
+			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`",
 				slog.String("table", c.table))
 		}
 		if cfg.Wakeup, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: c.databaseURL, Table: c.table, Logger: logger}); err != nil {
@@ -128,7 +132,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	r, err := relay.New(store, pub, cfg)
 	if err != nil {
-		return err
+		return c.usageError("%s", relayFlags.Replace(err.Error()))
 	}
 	running.Store(r)
 	if err := r.Run(ctx); err != nil {
@@ -138,6 +142,51 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
 	return nil
 }
+
+// probeTable checks at start that the table is there and ours (Gauges is
+// cheap however large the table). An error that waiting can cure (a
+// terminated session, a database restarting) is retried with backoff, as
+// the relay's loop would; one that needs a person (a missing table, a
+// refused password) is returned.
+func probeTable(ctx context.Context, store *outbox.Store, logger *slog.Logger) error {
+	wait := 100 * time.Millisecond
+	for {
+		_, err := store.Gauges(ctx, 1)
+		if err == nil || relay.Advice(err) != "" || ctx.Err() != nil {
+			return err
+		}
+		logger.WarnContext(ctx, "relay: Checking the table failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// probeBroker connects to the broker at start, so that a refused login is
+// logged at once, as permanent and with its advice, rather than when the
+// first message comes. The relay runs either way: it retries, and an
+// operator may fix the broker meanwhile.
+func probeBroker(ctx context.Context, pub *relay.AMQPPublisher, logger *slog.Logger) {
+	cctx, cancel := context.WithTimeout(ctx, relay.DialTimeoutDefault)
+	defer cancel()
+	err := pub.Check(cctx)
+	switch advice := relay.Advice(err); {
+	case err == nil:
+	case advice != "":
+		logger.ErrorContext(ctx, "relay: The broker refused the relay: failing permanently until this is fixed", slog.String("error", err.Error()),
+			slog.String("advice", advice))
+	default:
+		logger.WarnContext(ctx, "relay: The broker does not answer yet; the relay retries", slog.String("error", err.Error()))
+	}
+}
+
+// relayFlags names the flags behind relay.Config's fields in its errors.
+var relayFlags = strings.NewReplacer("relay: ", "", "Config.BatchSize", "--batch-size", "Config.MaxInFlight", "--max-in-flight",
+	"Config.Lease", "--lease", "Config.PollInterval", "--poll-interval", "Config.PublishTimeout", "--publish-timeout",
+	"Config.PurgeAfter", "--purge-after", "Config.ShutdownTimeout", "--shutdown-timeout")
 
 // ordering turns the --ordered flag into a store's Ordering.
 func ordering(ordered bool) outbox.Ordering {

@@ -18,8 +18,14 @@ const redacted = "xxxxx"
 const secretMin = 3
 
 // kvPassword finds the password of a keyword/value connection string
-// (password=..., quoted or not) and of a URL's query (?password=...).
-var kvPassword = regexp.MustCompile(`(?i)((?:^|[\s&?;])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&;]*)`)
+// (password=..., quoted or not): the value runs to the next whitespace
+// whatever it holds (libpq's own rule: "ab;cd" is one value), and a quote
+// left open runs to the end of the string.
+var kvPassword = regexp.MustCompile(`(?i)((?:^|\s)(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|'.*$|\S*)`)
+
+// queryPassword finds the password of a URL's query (?password=...): the
+// value runs to the next & or the end.
+var queryPassword = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&]*)`)
 
 // dsnSecrets returns the passwords a PostgreSQL or AMQP connection string
 // holds, in every form pgx and amqp091-go accept: URL userinfo, a password
@@ -38,7 +44,11 @@ func dsnSecrets(s string) []string {
 			}
 		}
 	}
-	for _, m := range kvPassword.FindAllStringSubmatch(s, -1) {
+	matches := kvPassword.FindAllStringSubmatch(s, -1)
+	if strings.Contains(s, "://") {
+		matches = append(matches, queryPassword.FindAllStringSubmatch(s, -1)...)
+	}
+	for _, m := range matches {
 		v := m[2]
 		out = append(out, v)
 		if uq, err := url.QueryUnescape(v); err == nil {
@@ -59,7 +69,7 @@ func redactDSN(s string) string {
 		if err != nil {
 			return "(the configured URL, which is malformed)"
 		}
-		s = u.Redacted()
+		return queryPassword.ReplaceAllString(u.Redacted(), "${1}"+redacted)
 	}
 	return kvPassword.ReplaceAllString(s, "${1}"+redacted)
 }

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// Issue 18, item 5: a lease too short to work is refused, with the reason,
+// and CLI errors name flags, not Go fields.
+func TestLeaseTooShortRefused(t *testing.T) {
+	t.Parallel()
+	for _, lease := range []string{"90ms", "1ms", "2ns"} {
+		code, _, errOut := outboxCmd(t, nil, "relay", "--lease", lease)
+		require.Equal(t, 2, code, lease)
+		require.Contains(t, errOut, "--lease "+lease+" is too short: at least 1s", lease)
+		require.NotContains(t, errOut, "Config.")
+	}
+	code, out, _ := outboxCmd(t, nil, "relay", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "at least 1s: a dead relay's batch waits this long")
+}
+
+// Issue 18, item 6: the CLI's details.
+func TestCLIDetails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 2)
+	require.NoError(t, store.MarkFailed(ctx, msgs[0], "unroutable"))
+	require.NoError(t, store.MarkFailed(ctx, msgs[1], "unroutable"))
+
+	// discard has --dry-run, and names the table before acting.
+	code, out, errOut := outboxCmd(t, nil, "discard", "--table", table, "--dry-run", msgs[0].ID, "0190a0a0-0000-7000-8000-000000000000")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would discard 1 of the 2 id(s) given, the parked messages of table "+table+": "+msgs[0].ID)
+	require.Contains(t, out, "dry run: nothing discarded")
+	st, err := store.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.Parked)
+	code, _, errOut = outboxCmd(t, nil, "discard", "--table", table, msgs[0].ID)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "discarding 1 message(s) of table "+table)
+
+	// retry --all-parked --dry-run says "would".
+	code, out, errOut = outboxCmd(t, nil, "retry", "--table", table, "--all-parked", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would re-arm all 1 parked message(s) of table "+table)
+	require.NotContains(t, errOut, "re-arming")
+
+	// No flag's usage has a backquoted word (flag turns it into the
+	// value's name), and --metrics-addr shows a loopback address.
+	code, out, _ = outboxCmd(t, nil, "relay", "--help")
+	require.Equal(t, 0, code)
+	require.NotRegexp(t, regexp.MustCompile(`-notify outbox`), out)
+	require.Contains(t, out, "outbox schema --notify --apply")
+	require.Contains(t, out, "127.0.0.1:9464 (:9464 listens on every interface)")
+
+	// outbox version and --version.
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		code, out, _ = outboxCmd(t, nil, args...)
+		require.Equal(t, 0, code)
+		require.Regexp(t, `^outbox \S+ .*go1\.\d+`, out)
+	}
+}
+
+// Issue 18, item 4: a database session terminated during the start-up
+// check is retried, as the relay's loop retries it, instead of ending the
+// process; a missing table still ends it, with advice.
+func TestStartupProbeRetriesTerminatedSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.NewDB(t)
+	table := dbtest.Table(t)
+	var log dbtest.Buffer
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: logger})
+	require.NoError(t, err)
+	require.Error(t, probeTable(ctx, store, logger), "a missing table is not waited for")
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+
+	// The check waits behind a lock; its session is terminated there.
+	locker, err := dbtest.DB(t).BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = locker.ExecContext(ctx, `LOCK TABLE "`+table+`" IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- probeTable(ctx, store, logger) }()
+	var pid int
+	require.Eventually(t, func() bool {
+		err := dbtest.DB(t).QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, table).Scan(&pid)
+		return err == nil
+	}, 10*time.Second, 5*time.Millisecond)
+	_, err = dbtest.DB(t).ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "Checking the table failed; retrying") }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, locker.Rollback())
+	require.NoError(t, <-done)
+	require.Contains(t, log.String(), "57P01")
+}
+
+// Issue 18, item 4: a broker that refuses the relay's login is reported at
+// start, at once, as permanent with its advice, while the table is empty.
+func TestRelayReportsRefusedLoginAtStart(t *testing.T) {
+	t.Parallel()
+	table := dbtest.Table(t)
+	code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--apply")
+	require.Equal(t, 0, code, errOut)
+	var stdout, stderr dbtest.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"relay", "--table", table}, &stdout, &stderr, func(k string) string {
+			switch k {
+			case "DATABASE_URL":
+				return dbtest.URL()
+			case "AMQP_URL":
+				return "amqp://guest:not-the-password@127.0.0.1:5672/"
+			}
+			return ""
+		})
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "The broker refused the relay") }, 20*time.Second, 10*time.Millisecond)
+	cancel()
+	require.Equal(t, 0, <-done)
+	require.Contains(t, stderr.String(), "RabbitMQ refused the credentials")
+	require.NotContains(t, stderr.String(), "not-the-password")
+	require.Less(t, strings.Index(stderr.String(), "The broker refused the relay"), strings.Index(stderr.String(), "relay: Started"),
+		"reported before the relay starts its loop")
+}
