@@ -15,6 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox/internal/amqpdial"
+	"github.com/acemq/outbox/internal/throttle"
+	"github.com/acemq/outbox/topology"
 )
 
 // Defaults and bounds of ConsumerConfig.
@@ -41,6 +43,12 @@ type ConsumerConfig struct {
 
 	// Handler applies each new message's effect. Required.
 	Handler Handler
+
+	// Topology, when set, is declared on every connection before the
+	// consumer consumes: its queue with a dead-letter queue, the bindings
+	// (see package topology). A refused declaration is logged, and the
+	// consumer reconnects with backoff.
+	Topology *topology.Topology
 
 	// URLs are the broker's nodes, tried in turn on every (re)connection.
 	// Defaults to amqp://guest:guest@localhost:5672/.
@@ -124,7 +132,7 @@ type Consumer struct {
 	stats  struct {
 		handled, duplicates, retried, dead, refused, requeued, reconnects, purged atomic.Int64
 	}
-	logs     throttle
+	logs     throttle.Throttle
 	dlxCheck sync.Once
 }
 
@@ -152,6 +160,11 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 	if c.Prefetch > PrefetchMax {
 		return nil, fmt.Errorf("inbox: ConsumerConfig.Prefetch must be at most %d, AMQP's limit (got %d)", PrefetchMax, c.Prefetch)
 	}
+	if c.Topology != nil {
+		if err := c.Topology.Validate(); err != nil {
+			return nil, fmt.Errorf("inbox: ConsumerConfig.Topology: %w", err)
+		}
+	}
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, time.Hour)
 	c.Prefetch = cmp.Or(c.Prefetch, PrefetchDefault)
 	c.BackoffMax = max(cmp.Or(c.BackoffMax, ConsumerBackoffMax), consumerBackoffMin)
@@ -162,7 +175,7 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), dialer: dialer, logs: throttle{every: logEvery}}, nil
+	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), dialer: dialer, logs: throttle.Throttle{Every: logEvery}}, nil
 }
 
 // Stats returns the consumer's running totals.
@@ -218,6 +231,11 @@ func (c *Consumer) session(ctx context.Context, node int) error {
 		return fmt.Errorf("%s: %w", c.dialer.Display(node), err)
 	}
 	defer conn.Close()
+	if c.cfg.Topology != nil {
+		if err := c.cfg.Topology.Declare(ctx, conn); err != nil {
+			return err
+		}
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -347,7 +365,7 @@ func (c *Consumer) count(o Outcome) {
 // logRepeated logs a failure of the given kind at most once per logEvery,
 // with how often it happened since the last line.
 func (c *Consumer) logRepeated(ctx context.Context, level slog.Level, kind, msg string, attrs ...slog.Attr) {
-	ok, repeated := c.logs.allow(kind, time.Now())
+	ok, repeated := c.logs.Allow(kind, time.Now())
 	if !ok {
 		return
 	}
@@ -355,30 +373,6 @@ func (c *Consumer) logRepeated(ctx context.Context, level slog.Level, kind, msg 
 		attrs = append(attrs, slog.Int("repeated_since_last_line", repeated))
 	}
 	c.log.LogAttrs(ctx, level, msg, attrs...)
-}
-
-// throttle lets one line of each kind through per interval, counting the
-// others.
-type throttle struct {
-	every time.Duration
-	mu    sync.Mutex
-	last  map[string]time.Time
-	held  map[string]int
-}
-
-func (t *throttle) allow(kind string, now time.Time) (bool, int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.last == nil {
-		t.last, t.held = map[string]time.Time{}, map[string]int{}
-	}
-	if last, ok := t.last[kind]; ok && now.Sub(last) < t.every {
-		t.held[kind]++
-		return false, 0
-	}
-	n := t.held[kind]
-	t.last[kind], t.held[kind] = now, 0
-	return true, n
 }
 
 // jitter returns a duration between d/2 and d.

@@ -18,6 +18,7 @@ import (
 	"github.com/acemq/outbox/inbox"
 	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/topology"
 )
 
 // run starts a consumer of the world's queue (the test's own consumer
@@ -385,4 +386,33 @@ func TestBadConfigurationRefused(t *testing.T) {
 		require.ErrorContains(t, err, want)
 		require.NotContains(t, err.Error(), "secret")
 	}
+}
+
+// Issue 18, item 1: a consumer with a Topology declares its queue, with a
+// dead-letter queue, and its bindings before it consumes; no warning.
+func TestConsumerDeclaresTopology(t *testing.T) {
+	t.Parallel()
+	w := setup(t, 0)
+	x, q := amqptest.Name(t, "x"), amqptest.Name(t, "q")
+	t.Cleanup(func() {
+		_, _ = w.ch.QueueDelete(q, false, false, false)
+		_, _ = w.ch.QueueDelete(q+".dead", false, false, false)
+		_ = w.ch.ExchangeDelete(x, false, false)
+	})
+	var log lines
+	c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: q, Handler: w.effect, URLs: []string{amqptest.URL()}, Logger: log.logger(),
+		Topology: &topology.Topology{
+			Exchanges: []topology.Exchange{{Name: x}},
+			Queues:    []topology.Queue{{Name: q, Bindings: []topology.Binding{{Exchange: x, Key: "order.#"}}}},
+		}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Eventually(t, func() bool { return log.count("inbox: Consuming") == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, w.ch.PublishWithContext(ctx, x, "order.placed", true, false, amqp.Publishing{MessageId: "t-1", Body: []byte("{}")}))
+	require.Eventually(t, func() bool { return c.Stats().Handled == 1 }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Zero(t, log.count("no dead-letter exchange"), log.String())
 }

@@ -59,6 +59,11 @@ type Config struct {
 	// System is the messaging.system attribute. Defaults to "rabbitmq".
 	System string
 
+	// Unroutable, when set, adds the counter outbox.unroutable, by
+	// outbox.unroutable.action (dropped, diverted): pass an
+	// AMQPPublisher's Unroutable method.
+	Unroutable func() relay.UnroutableStats
+
 	// Ready, when set, adds the gauge outbox.relay.ready: 1 while it
 	// returns true, 0 otherwise. `outbox relay --metrics-addr` sets it to
 	// what /readyz answers.
@@ -133,15 +138,15 @@ func NewObserver(cfg *Config) (*Observer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if cfg.Store != nil || cfg.Ready != nil {
-		if err := o.gauges(m, cfg.Store, cmp.Or(cfg.GaugesLimit, outbox.GaugesLimitDefault), cfg.Ready); err != nil {
+	if cfg.Store != nil || cfg.Ready != nil || cfg.Unroutable != nil {
+		if err := o.gauges(m, cfg.Store, cmp.Or(cfg.GaugesLimit, outbox.GaugesLimitDefault), cfg.Ready, cfg.Unroutable); err != nil {
 			return nil, err
 		}
 	}
 	return o, nil
 }
 
-func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, ready func() bool) error {
+func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, ready func() bool, unroutable func() relay.UnroutableStats) error {
 	pending, err1 := m.Int64ObservableGauge("outbox.pending", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages waiting to be published (claimed, backing off and held ones included, parked ones not: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from the claim index: a value at the limit means at least that many"))
 	held, err6 := m.Int64ObservableGauge("outbox.held", metric.WithUnit("{message}"),
@@ -154,9 +159,13 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		metric.WithDescription("Keys with a parked message: in ordered mode their later messages wait for an operator (outbox retry or outbox discard)"))
 	readyGauge, err4 := m.Int64ObservableGauge("outbox.relay.ready", metric.WithUnit("{relay}"),
 		metric.WithDescription("1 while this relay is ready (its last round went through and its last claim is recent), 0 otherwise: summed, the relays ready"))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
+	unrouted, err7 := m.Int64ObservableCounter("outbox.unroutable", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages no queue was bound for, by outbox.unroutable.action: dropped (relay.UnroutableDrop) or diverted to the alternate exchange (relay.UnroutableAlternate); parked ones count in outbox.messages.failed"))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil {
 		return err
 	}
+	dropped := metric.WithAttributes(attribute.String("outbox.unroutable.action", "dropped"))
+	diverted := metric.WithAttributes(attribute.String("outbox.unroutable.action", "diverted"))
 	reg, err := m.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
 		if ready != nil {
 			v := int64(0)
@@ -164,6 +173,11 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 				v = 1
 			}
 			obs.ObserveInt64(readyGauge, v, o.attrs)
+		}
+		if unroutable != nil {
+			u := unroutable()
+			obs.ObserveInt64(unrouted, u.Dropped, o.attrs, dropped)
+			obs.ObserveInt64(unrouted, u.Diverted, o.attrs, diverted)
 		}
 		if store == nil {
 			return nil
@@ -181,7 +195,7 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		obs.ObserveInt64(blocked, g.BlockedKeys, attrs)
 		obs.ObserveInt64(held, g.Held, attrs)
 		return nil
-	}, pending, parked, oldest, blocked, held, readyGauge)
+	}, pending, parked, oldest, blocked, held, readyGauge, unrouted)
 	o.reg = reg
 	return err
 }

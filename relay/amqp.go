@@ -15,6 +15,8 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/amqpdial"
+	"github.com/acemq/outbox/internal/throttle"
+	"github.com/acemq/outbox/topology"
 )
 
 // Defaults of AMQPConfig.
@@ -79,6 +81,22 @@ type AMQPConfig struct {
 	// "amqp://guest:guest@localhost:5672/" when URLs is empty too.
 	URL string
 
+	// Topology, when set, is declared on every connection the publisher
+	// opens, before it publishes: the exchanges it publishes to, and the
+	// consumers' queues if this program owns them (see package topology).
+	// A refused declaration is a broker fault: logged, retried.
+	Topology *topology.Topology
+
+	// Unroutable says what to do with a message no queue is bound for:
+	// park it (UnroutablePark, the default), publish it to
+	// AlternateExchange (UnroutableAlternate), or drop it and count it
+	// (UnroutableDrop). See Unroutable for the trade-off.
+	Unroutable Unroutable
+
+	// AlternateExchange receives unroutable messages under
+	// UnroutableAlternate. Required then, and only then.
+	AlternateExchange string
+
 	// URLs are the nodes of a cluster. They are tried in turn when the
 	// publisher (re)connects, starting with the node after the one it was
 	// last connected to, so that a node that just failed (or hangs
@@ -94,7 +112,8 @@ type AMQPConfig struct {
 // A batch is published whole and its confirms are awaited afterwards, so a
 // batch costs one round trip, not one per message. Messages are persistent
 // and mandatory: a message no queue is bound for comes back from the broker
-// and is reported as unroutable, never as published. The message id is the
+// and is reported as unroutable (or diverted or dropped, as
+// AMQPConfig.Unroutable says), never as published by mistake. The message id is the
 // outbox id, the timestamp the time it was written, the type the event type.
 //
 // When the connection or the channel dies the publisher reports the
@@ -103,6 +122,12 @@ type AMQPConfig struct {
 // its errors or logs.
 type AMQPPublisher struct {
 	dialer         *amqpdial.Dialer
+	topology       *topology.Topology
+	unroutable     Unroutable
+	alternate      string
+	unroutableLog  throttle.Throttle
+	diverted       atomic.Int64
+	dropped        atomic.Int64
 	logger         *slog.Logger
 	configuredSize int64        // AMQPConfig.MaxMessageSize
 	maxMessageSize atomic.Int64 // lower than configuredSize once the broker refused a size
@@ -155,7 +180,21 @@ func NewAMQPPublisher(cfg *AMQPConfig) (*AMQPPublisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &AMQPPublisher{dialer: dialer, logger: cmp.Or(cfg.Logger, slog.Default())}
+	if cfg.Topology != nil {
+		if err := cfg.Topology.Validate(); err != nil {
+			return nil, fmt.Errorf("relay: AMQPConfig.Topology: %w", err)
+		}
+	}
+	switch {
+	case cfg.Unroutable < UnroutablePark || cfg.Unroutable > UnroutableDrop:
+		return nil, fmt.Errorf("relay: AMQPConfig.Unroutable is %s: use UnroutablePark, UnroutableAlternate or UnroutableDrop", cfg.Unroutable)
+	case cfg.Unroutable == UnroutableAlternate && cfg.AlternateExchange == "":
+		return nil, errors.New("relay: AMQPConfig.Unroutable is UnroutableAlternate: AlternateExchange must name the exchange")
+	case cfg.Unroutable != UnroutableAlternate && cfg.AlternateExchange != "":
+		return nil, errors.New("relay: AMQPConfig.AlternateExchange is set, but Unroutable is not UnroutableAlternate")
+	}
+	p := &AMQPPublisher{dialer: dialer, logger: cmp.Or(cfg.Logger, slog.Default()), unroutable: cfg.Unroutable, alternate: cfg.AlternateExchange, topology: cfg.Topology,
+		unroutableLog: throttle.Throttle{Every: unroutableLogEvery}}
 	p.configuredSize = int64(cmp.Or(cfg.MaxMessageSize, MaxMessageSizeDefault))
 	p.maxMessageSize.Store(p.configuredSize)
 	return p, nil
@@ -185,7 +224,10 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	l := p.lane()
 	defer l.mu.Unlock()
 	for start := 0; start < len(msgs); start += confirmWindow {
-		errs = append(errs, l.publishIsolating(ctx, msgs[start:min(start+confirmWindow, len(msgs))], 0)...)
+		window := msgs[start:min(start+confirmWindow, len(msgs))]
+		werrs := l.publishIsolating(ctx, window, 0)
+		l.settleUnroutable(ctx, window, werrs)
+		errs = append(errs, werrs...)
 	}
 	return errs
 }

@@ -68,6 +68,14 @@ func (p *amqpLane) dial(ctx context.Context) error {
 			continue
 		}
 		p.next = (i + 1) % n // a reconnect tries the other nodes first
+		if p.topology != nil {
+			if err := p.topology.Declare(ctx, conn); err != nil {
+				_ = conn.CloseDeadline(time.Now().Add(closeGrace))
+				errs = append(errs, fmt.Errorf("%s: %w", p.dialer.Display(i), err))
+				p.logger.ErrorContext(ctx, "relay: Declaring the topology failed", slog.String("node", p.dialer.Display(i)), slog.String("error", err.Error()))
+				continue
+			}
+		}
 		p.conn = conn
 		blocked := &atomic.Bool{}
 		p.blocked = blocked

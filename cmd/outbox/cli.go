@@ -26,6 +26,7 @@ Usage:
   outbox discard [flags] ID...       give up on parked messages, keeping their record
   outbox purge   --older-than 168h   delete published messages older than that
   outbox schema  [flags]             print the table's DDL (--apply creates it)
+  outbox declare [flags]             declare exchanges, queues, bindings and dead-letter queues (--dry-run)
   outbox bench   [flags]             measure relay throughput and latency on a scratch table
   outbox inbox   schema|purge|dead|retry|replay
                                      the consumers' inbox table and dead letters (package inbox)
@@ -62,6 +63,7 @@ var commands = map[string]command{
 	"bench":   cmdBench,
 	"inbox":   cmdInbox,
 	"version": cmdVersion,
+	"declare": cmdDeclare,
 }
 
 // run executes one command and returns the process exit code: 0 success

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
 )
 
@@ -145,4 +146,36 @@ func TestRelayReportsRefusedLoginAtStart(t *testing.T) {
 	require.NotContains(t, stderr.String(), "not-the-password")
 	require.Less(t, strings.Index(stderr.String(), "The broker refused the relay"), strings.Index(stderr.String(), "relay: Started"),
 		"reported before the relay starts its loop")
+}
+
+// Issue 18, item 1: outbox declare declares an exchange, a queue with its
+// dead-letter queue and bindings, idempotently; --dry-run declares nothing.
+func TestDeclareCommand(t *testing.T) {
+	t.Parallel()
+	x, q := amqptest.Name(t, "x"), amqptest.Name(t, "q")
+	t.Cleanup(func() {
+		if ch, err := amqptest.Conn(t).Channel(); err == nil {
+			_, _ = ch.QueueDelete(q, false, false, false)
+			_, _ = ch.QueueDelete(q+".dead", false, false, false)
+			_ = ch.ExchangeDelete(x, false, false)
+		}
+	})
+	env := map[string]string{"AMQP_URL": amqptest.URL()}
+	args := []string{"declare", "--exchange", x, "--queue", q, "--bind", "order.#", "--bind", "payment.#"}
+	code, out, errOut := outboxCmd(t, env, append(args, "--dry-run")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would declare queue "+q+".dead (quorum")
+	require.Contains(t, out, `would declare binding `+x+` -> `+q+`, key "payment.#"`)
+	ch, err := amqptest.Conn(t).Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	require.Error(t, err, "the dry run declared nothing")
+	for range 2 {
+		code, out, errOut = outboxCmd(t, env, args...)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "declared exchange "+x+" (topic, durable)")
+	}
+	code, _, errOut = outboxCmd(t, env, "declare", "--queue", q, "--bind", "x")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "give --exchange too")
 }

@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox/inbox"
-	"github.com/acemq/outbox/internal/amqpdial"
 )
 
 const inboxUsage = `Usage:
@@ -243,22 +241,9 @@ func cmdInboxReplay(ctx context.Context, x *cli, args []string) error {
 	if err := c.positive(map[string]int64{"limit": int64(*limit)}); err != nil {
 		return err
 	}
-	urls := c.amqpURLs(*amqpURL)
-	if len(urls) == 0 {
-		urls = []string{"amqp://guest:guest@localhost:5672/"}
-	}
-	dialer, err := amqpdial.New("outbox inbox replay", "--amqp-url", amqpdial.Config{URLs: urls, Name: "acemq-outbox-replay"})
+	conn, err := dialAny(ctx, c, *amqpURL, "acemq-outbox-replay")
 	if err != nil {
 		return err
-	}
-	var conn *amqp.Connection
-	for i := range dialer.Nodes() {
-		if conn, err = dialer.Dial(ctx, i); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("cannot reach RabbitMQ: %w", err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

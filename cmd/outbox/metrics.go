@@ -67,7 +67,7 @@ func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x 
 		}
 		return true, http.StatusOK, fmt.Sprintf("ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
 	}
-	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp, Store: store,
+	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp, Store: store, Unroutable: pub.Unroutable,
 		Ready: func() bool { ok, _, _ := ready(); return ok }})
 	if err != nil {
 		return nil, err

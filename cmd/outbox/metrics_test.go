@@ -78,6 +78,7 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 		"messaging_client_sent_messages_total", "messaging_client_operation_duration_seconds_bucket",
 		"outbox_lag_seconds_bucket", "outbox_messages_claimed_total", "outbox_claim_duration_seconds_count",
 		"outbox_settle_duration_seconds_count", "outbox_pending", "outbox_parked", "outbox_oldest_pending_age_seconds", "outbox_keys_blocked",
+		"outbox_held", "outbox_unroutable_total",
 	} {
 		require.Contains(t, metrics, "\n"+name, "metric %s in:\n%s", name, metrics)
 	}
@@ -87,15 +88,25 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 	require.NoError(t, cmd.Wait(), stderr.String())
 	require.True(t, strings.Contains(stderr.String(), "relay: Serving metrics"), stderr.String())
 
-	// An idle relay whose broker does not answer is not ready.
-	down := exec.Command(bin, "relay", "--table", table, "--metrics-addr", addr)
-	down.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL=amqp://guest:guest@127.0.0.1:1/")
-	require.NoError(t, down.Start())
-	t.Cleanup(func() { _ = down.Process.Kill() })
+	// An idle relay whose broker does not answer is not ready; one whose
+	// broker refuses the login says so, not a timeout of its own (issue
+	// 18, item 4: RabbitMQ refuses after ~3s).
+	notReady(t, bin, table, addr, "amqp://guest:guest@127.0.0.1:1/", "broker unreachable")
+	notReady(t, bin, table, addr, strings.Replace(amqptest.URL(), "guest:guest@", "guest:wrong-password@", 1), "username or password not allowed")
+}
+
+// notReady runs a relay with the broker at amqpURL until its /readyz
+// answers 503 with want in its body.
+func notReady(t *testing.T, bin, table, addr, amqpURL, want string) {
+	t.Helper()
+	cmd := exec.Command(bin, "relay", "--table", table, "--metrics-addr", addr)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqpURL)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	require.Eventually(t, func() bool {
 		code, body := get(t, "http://"+addr+"/readyz")
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "broker unreachable")
-	}, 10*time.Second, 20*time.Millisecond)
-	require.NoError(t, down.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, down.Wait())
+		return code == http.StatusServiceUnavailable && strings.Contains(body, want)
+	}, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait())
 }

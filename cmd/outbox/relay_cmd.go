@@ -13,6 +13,7 @@ import (
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/pgwake"
 	"github.com/acemq/outbox/relay"
+	"github.com/acemq/outbox/topology"
 )
 
 // amqpURLs returns the broker URLs of --amqp-url, else of AMQP_URL, and
@@ -50,6 +51,9 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
 	ordered := c.fs.Bool("ordered", false, "keep the order of each key (outbox.OrderedByKey); the table's writers must use ordered mode too")
+	topologyFile := c.fs.String("topology", "", "a topology file (see outbox declare) to declare on every connection before publishing")
+	unroutable := c.fs.String("unroutable", "park", "what to do with a message no queue is bound for: park (an attempt, parked after --max-attempts; blocks its key in ordered mode), alternate (publish to --alternate-exchange) or drop (count and log it)")
+	alternate := c.fs.String("alternate-exchange", "", "with --unroutable alternate: the exchange that receives unroutable messages")
 	metricsAddr := c.fs.String("metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. 127.0.0.1:9464 (:9464 listens on every interface) (default: none)")
 	if err := c.parse(args); err != nil {
 		return err
@@ -90,7 +94,27 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	if err := probeTable(ctx, store, logger); err != nil {
 		return c.explain(err)
 	}
-	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger})
+	if (*unroutable == "alternate") != (*alternate != "") {
+		return c.usageError("--unroutable alternate and --alternate-exchange go together")
+	}
+	unr, err := relay.ParseUnroutable(*unroutable)
+	if err != nil {
+		return c.usageError("--unroutable %q: park, alternate or drop", *unroutable)
+	}
+	var topo *topology.Topology
+	if *topologyFile != "" {
+		f, err := os.Open(*topologyFile)
+		if err != nil {
+			return err
+		}
+		topo, err = topology.Parse(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("--topology %s: %w", *topologyFile, err)
+		}
+	}
+	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger,
+		Unroutable: unr, AlternateExchange: *alternate, Topology: topo})
 	if err != nil {
 		return err
 	}
