@@ -3,6 +3,7 @@ package outboxotel_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -11,12 +12,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
 	"github.com/acemq/outbox/internal/dbtest"
 	"github.com/acemq/outbox/outboxotel"
 	"github.com/acemq/outbox/relay"
@@ -33,10 +36,14 @@ func exported(t *testing.T) (families, labels map[string]bool) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	require.NoError(t, err)
-	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)),
-		Store: store, Ready: func() bool { return true }})
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp,
+		Store: store, Ready: func() bool { return true }, Unroutable: func() relay.UnroutableStats { return relay.UnroutableStats{Dropped: 1} }})
 	require.NoError(t, err)
 	defer obs.Close()
+	inboxObs, err := outboxotel.NewInboxObserver(mp, "billing")
+	require.NoError(t, err)
+	inboxObs.Handled(ctx, &amqp.Delivery{RoutingKey: "order.placed"}, inbox.DeadLettered, time.Millisecond, errors.New("x"))
 	m := &outbox.Message{ID: "m"}
 	obs.Claimed(ctx, 1, time.Millisecond, nil)
 	obs.Claimed(ctx, 0, time.Millisecond, context.DeadlineExceeded)
@@ -63,7 +70,8 @@ func exported(t *testing.T) (families, labels map[string]bool) {
 
 var (
 	metricName = regexp.MustCompile(`\b(?:outbox|messaging)_[a-z_]+\b`)
-	labelName  = regexp.MustCompile(`\b(outbox_table|outbox_release_reason|error_type|messaging_[a-z_]+)\s*(?:=~|=|!=|\))|by \(([^)]*)\)`)
+	labelName  = regexp.MustCompile(`\b(outbox_table|outbox_release_reason|outbox_unroutable_action|outbox_inbox_outcome|error_type|messaging_[a-z_]+)\s*(?:=~|=|!=|\))|by \(([^)]*)\)`)
+	gauge      = regexp.MustCompile(`\b(outbox_pending|outbox_parked|outbox_held|outbox_keys_blocked|outbox_oldest_pending_age_seconds)\b`)
 )
 
 // checkExpr fails the test for a metric or label in expr that the
@@ -113,6 +121,14 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 		for _, q := range p.Targets {
 			checkExpr(t, "panel "+p.Title, q.Expr, families, labels)
 			queries++
+			// Issue 18, item 7: a relay's panels follow $table, and the
+			// table-wide gauges every relay reports are drawn once.
+			if !strings.Contains(q.Expr, "messaging_client_consumed") && !strings.Contains(q.Expr, "messaging_process") {
+				require.Contains(t, q.Expr, `outbox_table=~"$table"`, "panel %s", p.Title)
+			}
+			if gauge.MatchString(q.Expr) {
+				require.True(t, strings.HasPrefix(q.Expr, "max by (outbox_table)"), "panel %s: %s", p.Title, q.Expr)
+			}
 		}
 	}
 	for _, v := range dash.Templating.List {
@@ -143,11 +159,23 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, alerts, 4)
+	// Issue 18, item 7: promtool checks the rules and runs their unit
+	// tests (alerts_test.yml: one alert per table however many relays, an
+	// alert when every relay is gone). CI installs it and requires it.
 	if promtool, err := exec.LookPath("promtool"); err == nil {
 		out, err := exec.Command(promtool, "check", "rules", "../deploy/prometheus/alerts.yml").CombinedOutput()
 		require.NoError(t, err, "promtool check rules: %s", out)
+		cmd := exec.Command(promtool, "test", "rules", "alerts_test.yml")
+		cmd.Dir = "../deploy/prometheus"
+		out, err = cmd.CombinedOutput()
+		require.NoError(t, err, "promtool test rules: %s", out)
+	} else if os.Getenv("OUTBOX_REQUIRE_PROMTOOL") == "1" {
+		t.Fatal("promtool is not installed (Debian: apt-get install prometheus), and OUTBOX_REQUIRE_PROMTOOL=1")
 	} else {
 		t.Log("promtool is not installed (Debian: apt-get install prometheus): rules checked by name only")
+	}
+	for _, want := range []string{"OutboxNoRelay", "InboxDeadLettered"} {
+		require.Contains(t, string(raw), "alert: "+want)
 	}
 	t.Logf("%d dashboard queries and %d alert rules checked against %d exported families", queries, alerts, len(families))
 }
