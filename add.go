@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // Execer is what Add writes through: the caller's open transaction.
@@ -74,11 +77,20 @@ const HeadersMaxBytes = 64 << 10
 // order; PostgreSQL then aborts one of them (SQLSTATE 40P01). One call
 // takes its keys in a fixed order and never deadlocks by itself.
 func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
+	_, err := s.AddIDs(ctx, tx, evts...)
+	return err
+}
+
+// AddIDs is Add, and returns the ids of the messages it wrote, in the
+// order of evts: each event's ID if set (in canonical form), else the
+// UUIDv7 Add assigned. An ID that is not a UUID returns ErrInvalidEvent;
+// one already in the table, or twice among evts, ErrDuplicateID.
+func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string, error) {
 	if err := checkTransaction(tx); err != nil {
-		return err
+		return nil, err
 	}
 	if len(evts) == 0 {
-		return nil
+		return nil, nil
 	}
 	var base map[string]string
 	if s.headers != nil {
@@ -87,30 +99,51 @@ func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 	// Every row is built, and so every event checked, before the first
 	// INSERT: a bad event anywhere in the call writes nothing.
 	args := make([]any, 0, len(evts)*insertColumns)
+	ids := make([]string, len(evts))
+	seen := map[string]bool{}
 	for i := range evts {
 		row, err := s.rowArgs(&evts[i], base)
+		if err == nil && evts[i].ID != "" {
+			if seen[row[0].(string)] {
+				err = fmt.Errorf("%w: %s is the ID of two events of one call", ErrDuplicateID, row[0])
+			}
+			seen[row[0].(string)] = true
+		}
 		if err != nil {
 			if len(evts) > 1 {
-				return fmt.Errorf("event %d of %d: %w", i+1, len(evts), err)
+				return nil, fmt.Errorf("event %d of %d: %w", i+1, len(evts), err)
 			}
-			return err
+			return nil, err
 		}
+		ids[i] = row[0].(string)
 		args = append(args, row[:]...)
 	}
 	if s.ordering == OrderedByKey {
 		if err := s.lockKeys(ctx, tx, evts); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if len(evts) <= insertChunk {
 		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
-			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err)
+			return nil, s.duplicate(fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err))
 		}
 	} else if err := s.addChunked(ctx, tx, len(evts), args); err != nil {
-		return err
+		return nil, s.duplicate(err)
 	}
 	s.Notify()
-	return nil
+	return ids, nil
+}
+
+// duplicate marks a unique violation of the table's primary key (an
+// event's ID already written) with ErrDuplicateID.
+func (s *Store) duplicate(err error) error {
+	var st interface {
+		SQLState() string
+	}
+	if errors.As(err, &st) && st.SQLState() == "23505" {
+		return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
+	}
+	return err
 }
 
 // arrayElem escapes a quoted element of a PostgreSQL array literal.
@@ -226,9 +259,18 @@ func (s *Store) rowArgs(e *Event, base map[string]string) ([insertColumns]any, e
 			return row, fmt.Errorf("outbox: encoding headers of %q event: %w", e.Type, err)
 		}
 	}
-	id, err := s.newID()
-	if err != nil {
-		return row, fmt.Errorf("outbox: generating message id: %w", err)
+	var id uuid.UUID
+	if e.ID != "" {
+		parsed, err := uuid.Parse(e.ID)
+		if err != nil {
+			return row, fmt.Errorf("%w: %.60q event: ID %.60q is not a UUID: %v", ErrInvalidEvent, e.Type, e.ID, err)
+		}
+		id = parsed
+	} else {
+		var err error
+		if id, err = s.newID(); err != nil {
+			return row, fmt.Errorf("outbox: generating message id: %w", err)
+		}
 	}
 	payload := e.Payload
 	if payload == nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
@@ -261,4 +262,47 @@ func TestHasNotifyTrigger(t *testing.T) {
 	ok, err = b.store.HasNotifyTrigger(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
+}
+
+// Issue 18, item 9: a caller sets an event's id, or learns the one Add
+// assigned; a second event with an id already written is a clear error.
+func TestEventIDsSetAndReported(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	const mine = "0190F5C2-7E3A-7B1C-9D2E-3F4A5B6C7D8E"
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	ids, err := b.store.AddIDs(ctx, tx, outbox.Event{Type: "order.placed", ID: mine}, outbox.Event{Type: "order.paid"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Len(t, ids, 2)
+	require.Equal(t, strings.ToLower(mine), ids[0], "the caller's id, in canonical form")
+	_, err = uuid.Parse(ids[1])
+	require.NoError(t, err)
+	msgs, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.ElementsMatch(t, ids, []string{msgs[0].ID, msgs[1].ID}, "the ids reported are the messages' ids")
+
+	// The same event written again: a clear error, and the first stands.
+	tx, err = b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	err = b.store.Add(ctx, tx, outbox.Event{Type: "order.placed", ID: strings.ToLower(mine)})
+	require.ErrorIs(t, err, outbox.ErrDuplicateID)
+	require.ErrorContains(t, err, "already in")
+	require.NoError(t, tx.Rollback())
+
+	// Two events of one call with one id, and an id that is no UUID:
+	// refused before anything is written.
+	tx, err = b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck
+	other := uuid.NewString()
+	_, err = b.store.AddIDs(ctx, tx, outbox.Event{Type: "a", ID: other}, outbox.Event{Type: "b", ID: other})
+	require.ErrorIs(t, err, outbox.ErrDuplicateID)
+	require.ErrorContains(t, err, "event 2 of 2")
+	err = b.store.Add(ctx, tx, outbox.Event{Type: "a", ID: "order-42"})
+	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	require.ErrorContains(t, err, `ID "order-42" is not a UUID`)
+	require.EqualValues(t, 2, b.count(t, "true"))
 }

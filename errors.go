@@ -24,6 +24,13 @@ var (
 	// cannot be written (no type, say). Nothing is written.
 	ErrInvalidEvent = errors.New("outbox: invalid event")
 
+	// ErrDuplicateID is returned, wrapped with the id, when an event's ID is
+	// already in the table (or twice in one call). Like any failed
+	// statement, a duplicate inside the table aborts the caller's
+	// transaction (PostgreSQL's rule): roll it back; the event written
+	// first stands.
+	ErrDuplicateID = errors.New("outbox: duplicate event id")
+
 	// ErrLeaseLost matches a *LeaseLostError with errors.Is.
 	ErrLeaseLost = errors.New("outbox: lease lost")
 

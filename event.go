@@ -13,6 +13,14 @@ const ContentTypeDefault = "application/json"
 // outbox row, and later one AMQP message, when the transaction that recorded
 // it commits.
 type Event struct {
+	// ID, when set, is the message's id (its AMQP message-id): a UUID, in
+	// any of the forms github.com/google/uuid parses, stored in its
+	// canonical form. Set it to return the id to your caller before the
+	// relay runs, or to make writing the same event twice an error
+	// (ErrDuplicateID) instead of a second message. Empty: Add assigns a
+	// new UUIDv7. Store.AddIDs reports the ids either way.
+	ID string
+
 	// Type names what happened, such as "order.placed". It is required, and it
 	// is the default routing key.
 	Type string

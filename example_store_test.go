@@ -16,12 +16,12 @@ import (
 // event is there for the relay to claim.
 func ExampleStore_Add() {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", dbtest.URL())
+	db, err := sql.Open("pgx", dbtest.ExampleURL()) // the test database, in a schema of this run's own
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: "example_store_outbox"})
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: "outbox"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -29,7 +29,6 @@ func ExampleStore_Add() {
 	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
 		log.Fatal(err)
 	}
-	defer db.Exec(`DROP TABLE example_store_outbox`) //nolint:errcheck
 
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -58,13 +57,13 @@ func ExampleStore_Add() {
 // key while other keys go on, and giving up on it (Discard) lets them go.
 func ExampleOrderedByKey() {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", dbtest.URL())
+	db, err := sql.Open("pgx", dbtest.ExampleURL()) // the test database, in a schema of this run's own
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{
-		Table:       "example_ordered_outbox",
+		Table:       "outbox",
 		Ordering:    outbox.OrderedByKey, // on every Store of the table: writers and relays
 		MaxAttempts: 1,
 	})
@@ -74,7 +73,6 @@ func ExampleOrderedByKey() {
 	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
 		log.Fatal(err)
 	}
-	defer db.Exec(`DROP TABLE example_ordered_outbox`) //nolint:errcheck
 
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
-	"net/url"
 
 	"entgo.io/ent"
 	"entgo.io/ent/dialect"
@@ -71,21 +70,9 @@ func Example() {
 // exampleClient opens an ent client on a schema of its own and creates the
 // tables; in an application the outbox table comes from a migration.
 func exampleClient(ctx context.Context) (*testent.Client, *sql.DB, func()) {
-	u, err := url.Parse(dbtest.URL())
+	db, err := sql.Open("pgx", dbtest.ExampleURL()) // the test database, in a schema of this run's own
 	if err != nil {
 		log.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", "entoutbox_example")
-	u.RawQuery = q.Encode()
-	db, err := sql.Open("pgx", u.String())
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, stmt := range []string{"DROP SCHEMA IF EXISTS entoutbox_example CASCADE", "CREATE SCHEMA entoutbox_example"} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			log.Fatal(err)
-		}
 	}
 	ddl, _ := outbox.Schema("outbox")
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
@@ -96,7 +83,6 @@ func exampleClient(ctx context.Context) (*testent.Client, *sql.DB, func()) {
 		log.Fatal(err)
 	}
 	return client, db, func() {
-		_, _ = db.ExecContext(ctx, "DROP SCHEMA entoutbox_example CASCADE")
 		db.Close()
 	}
 }

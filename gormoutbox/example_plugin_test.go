@@ -21,19 +21,16 @@ type Invoice struct {
 	outbox.Recorder
 }
 
-// TableName keeps the example's table apart from your own (out of example scope).
-func (Invoice) TableName() string { return "gormoutbox_example.invoices" }
-
 // Example shows the quick start: register the plugin once, record events on
 // a model, and write the model as usual. The invoice and its event are
 // written in one transaction; a relay publishes the event afterwards.
 func Example() {
-	db, err := gorm.Open(postgres.Open(dbtest.URL()), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(postgres.Open(dbtest.ExampleURL()) /* the test database, in a schema of this run's own */, &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := db.Use(&gormoutbox.Plugin{
-		Table:  "gormoutbox_example.outbox",
+		Table:  "outbox",
 		Router: outbox.ToExchange("billing"),
 	}); err != nil {
 		log.Fatal(err)
@@ -52,18 +49,16 @@ func Example() {
 	}
 
 	var row struct{ EventType, Exchange, RoutingKey string }
-	db.Table("gormoutbox_example.outbox").Select("event_type, exchange, routing_key").Take(&row)
+	db.Table("outbox").Select("event_type, exchange, routing_key").Take(&row)
 	fmt.Printf("%s -> exchange %q, routing key %q\n", row.EventType, row.Exchange, row.RoutingKey)
 	// Output:
 	// invoice.issued -> exchange "billing", routing key "invoice.issued"
 }
 
 // exampleSchema creates the example's tables and returns a function that
-// drops them. In an application the outbox table comes from a migration.
+// closes the pool (dbtest drops the schema). In an application the outbox table comes from a migration.
 func exampleSchema(db *gorm.DB) func() {
-	db.Exec(`DROP SCHEMA IF EXISTS gormoutbox_example CASCADE`)
-	db.Exec(`CREATE SCHEMA gormoutbox_example`)
-	ddl, err := outbox.Schema("gormoutbox_example.outbox")
+	ddl, err := outbox.Schema("outbox")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -74,7 +69,6 @@ func exampleSchema(db *gorm.DB) func() {
 		log.Fatal(err)
 	}
 	return func() {
-		db.Exec(`DROP SCHEMA gormoutbox_example CASCADE`)
 		if sqlDB, err := db.DB(); err == nil {
 			sqlDB.Close()
 		}

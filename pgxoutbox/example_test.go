@@ -17,24 +17,24 @@ import (
 // transaction as the business change.
 func ExampleTx() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbtest.URL())
+	url := dbtest.ExampleURL() // the test database, in a schema of this run's own
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	relayDB, err := sql.Open("pgx", dbtest.URL()) // the relay side's own pool
+	relayDB, err := sql.Open("pgx", url) // the relay side's own pool
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer relayDB.Close()
-	store, err := outbox.NewStore(relayDB, &outbox.StoreConfig{Table: "example_pgx_outbox"})
+	store, err := outbox.NewStore(relayDB, &outbox.StoreConfig{Table: "outbox"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := store.CreateSchemaIfAbsent(ctx); err != nil { // in production: a migration
 		log.Fatal(err)
 	}
-	defer relayDB.Exec(`DROP TABLE example_pgx_outbox`) //nolint:errcheck
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -32,37 +32,31 @@ type Parcel struct {
 // its effect, and its event, once.
 func Example_consumeUpdatePublish() {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", dbtest.URL())
+	db, err := sql.Open("pgx", dbtest.ExampleURL()) // the test database, in a schema of this run's own
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	for _, ddl := range []string{`DROP SCHEMA IF EXISTS example_chain CASCADE`, `CREATE SCHEMA example_chain`} {
-		if _, err := db.Exec(ddl); err != nil {
-			log.Fatal(err)
-		}
-	}
-	defer db.Exec(`DROP SCHEMA example_chain CASCADE`) //nolint:errcheck
 
 	gdb, err := gorm.Open(postgres.New(postgres.Config{Conn: db}), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		log.Fatal(err)
 	}
 	// The shipping service writes its events with the GORM plugin...
-	if err := gdb.Use(&gormoutbox.Plugin{Table: "example_chain.outbox"}); err != nil {
+	if err := gdb.Use(&gormoutbox.Plugin{Table: "outbox"}); err != nil {
 		log.Fatal(err)
 	}
-	store, _ := outbox.NewStore(db, &outbox.StoreConfig{Table: "example_chain.outbox"})
+	store, _ := outbox.NewStore(db, &outbox.StoreConfig{Table: "outbox"})
 	_ = store.CreateSchemaIfAbsent(ctx) // in production: migrations
-	_ = gdb.Table("example_chain.parcels").AutoMigrate(&Parcel{})
+	_ = gdb.Table("parcels").AutoMigrate(&Parcel{})
 	// ...and consumes through an inbox.
-	ib, _ := inbox.New(db, &inbox.Config{Consumer: "shipping", Table: "example_chain.inbox"})
+	ib, _ := inbox.New(db, &inbox.Config{Consumer: "shipping", Table: "inbox"})
 	_ = ib.CreateSchemaIfAbsent(ctx)
 
 	ship := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
 		p := &Parcel{OrderID: string(d.Body)}
 		p.Record(outbox.Event{Type: "parcel.created", Key: p.OrderID})
-		return inboxgorm.Tx(gdb.WithContext(ctx), tx).Table("example_chain.parcels").Create(p).Error
+		return inboxgorm.Tx(gdb.WithContext(ctx), tx).Table("parcels").Create(p).Error
 	}
 
 	// "order.paid" for order 42 arrives twice, as at-least-once allows.
@@ -84,8 +78,8 @@ func Example_consumeUpdatePublish() {
 	}
 
 	var parcels, events int
-	_ = db.QueryRow(`SELECT count(*) FROM example_chain.parcels`).Scan(&parcels)
-	_ = db.QueryRow(`SELECT count(*) FROM example_chain.outbox WHERE event_type = 'parcel.created'`).Scan(&events)
+	_ = db.QueryRow(`SELECT count(*) FROM parcels`).Scan(&parcels)
+	_ = db.QueryRow(`SELECT count(*) FROM outbox WHERE event_type = 'parcel.created'`).Scan(&events)
 	fmt.Printf("%d parcel, %d parcel.created event\n", parcels, events)
 	// Output:
 	// handled <nil>

@@ -144,10 +144,70 @@ func Count(tb testing.TB, db *sql.DB, query string, args ...any) int64 {
 	return n
 }
 
+var (
+	exampleMu      sync.Mutex
+	exampleSchemas []string
+)
+
+// ExampleURL returns the test database's URL with search_path set to a new
+// schema of the caller's own, so that an Example can use plain names
+// ("outbox", "invoices") while other test runs share the server; Main drops
+// the schema after the package's tests. It panics if the schema cannot be
+// created: an Example has no testing.TB to fail.
+func ExampleURL() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := "ex_" + hex.EncodeToString(b[:])
+	db, err := sql.Open("pgx", URL())
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE SCHEMA "` + schema + `"`); err != nil {
+		panic(fmt.Sprintf("dbtest: creating schema %s: %v", schema, err))
+	}
+	exampleMu.Lock()
+	exampleSchemas = append(exampleSchemas, schema)
+	exampleMu.Unlock()
+	u, err := url.Parse(URL())
+	if err != nil {
+		panic(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func dropExampleSchemas() {
+	exampleMu.Lock()
+	defer exampleMu.Unlock()
+	if len(exampleSchemas) == 0 {
+		return
+	}
+	db, err := sql.Open("pgx", URL())
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	for _, s := range exampleSchemas {
+		_, _ = db.Exec(`DROP SCHEMA IF EXISTS "` + s + `" CASCADE`)
+	}
+	exampleSchemas = nil
+}
+
 // Main runs the tests of a package, then closes the shared pool and, if
 // everything passed, fails on leaked goroutines other than those opts ignore.
+//
+// Unless OUTBOX_DEBUG=1, what the code under test logs to slog's default
+// logger (stores and relays given no Logger) is kept to errors, so that a
+// passing run prints nothing but its results.
 func Main(m *testing.M, opts ...goleak.Option) {
+	if os.Getenv("OUTBOX_DEBUG") != "1" {
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	}
 	code := m.Run()
+	dropExampleSchemas()
 	sharedMu.Lock()
 	if shared != nil {
 		shared.Close()
