@@ -135,13 +135,19 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 }
 
 // duplicate marks a unique violation of the table's primary key (an
-// event's ID already written) with ErrDuplicateID.
+// event's ID already written) with ErrDuplicateID, and explains a pooler in
+// the way.
 func (s *Store) duplicate(err error) error {
 	var st interface {
 		SQLState() string
 	}
-	if errors.As(err, &st) && st.SQLState() == "23505" {
-		return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
+	if errors.As(err, &st) {
+		switch st.SQLState() {
+		case "23505":
+			return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
+		case "42P05", "26000":
+			return fmt.Errorf("%w (%s)", err, PoolerHint)
+		}
 	}
 	return err
 }

@@ -6,6 +6,11 @@ import (
 	"strings"
 )
 
+// PoolerHint explains a prepared statement that "already exists" (42P05)
+// or "does not exist" (26000): a transaction pooler hands the session's
+// statements to other clients.
+const PoolerHint = "a transaction pooler (PgBouncer, RDS Proxy, Supavisor) sits between this program and PostgreSQL, and pgx's statement cache does not survive it: add default_query_exec_mode=cache_describe to the database URL (see the README's \"Behind a connection pooler\")"
+
 var (
 	// ErrNoTransaction is returned when events would be written outside a
 	// database transaction. Nothing has been written when it is returned:

@@ -139,8 +139,9 @@ func infrastructure(err error) bool {
 		strings.HasPrefix(s, "57P"), // admin or crash shutdown, cannot connect now
 		strings.HasPrefix(s, "58"),  // system error
 		s == "40001", s == "40P01",  // serialization failure, deadlock: retried at once first
-		s == "25006",                                                                                     // read-only transaction: a failover in progress
-		s == "55P03",                                                                                     // lock not available (lock_timeout)
+		s == "25006",               // read-only transaction: a failover in progress
+		s == "55P03",               // lock not available (lock_timeout)
+		s == "42P05", s == "26000", // a pooler in the way of pgx's statement cache
 		s == "42P01", s == "42703", s == "42501", s == "3F000", s == "3D000", s == "28P01", s == "28000": // the inbox table, a privilege, the database: someone has to fix it, not the message
 		return true
 	default:
@@ -179,6 +180,8 @@ func advice(err error) string {
 		return "the schema does not exist: create it or fix the table name"
 	case "28P01", "28000":
 		return "PostgreSQL refused the credentials: check the database URL's user and password"
+	case "42P05", "26000":
+		return "a transaction pooler (PgBouncer) sits between the consumer and PostgreSQL, and pgx's statement cache does not survive it: add default_query_exec_mode=cache_describe to the database URL"
 	}
 	return ""
 }

@@ -43,6 +43,8 @@ func permanent(err error) string {
 			return "the outbox table does not exist: create it with `outbox schema --apply` or your migrations"
 		case "42703":
 			return "the outbox table lacks a column: it was not created by this version's schema; apply the migrations"
+		case "42P05", "26000":
+			return outbox.PoolerHint
 		}
 	}
 	switch {

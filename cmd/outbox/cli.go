@@ -273,6 +273,8 @@ func (c *common) explain(err error) error {
 			return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
 		case "42703":
 			return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`, and apply the module's migrations/ if it is an older outbox", c.table, pgErr.Message, c.table)
+		case "42P05", "26000":
+			return fmt.Errorf("%w (%s)", err, outbox.PoolerHint)
 		}
 	}
 	return err

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"os"
@@ -51,6 +53,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
 	ordered := c.fs.Bool("ordered", false, "keep the order of each key (outbox.OrderedByKey); the table's writers must use ordered mode too")
+	listenURL := c.fs.String("listen-database-url", "", "with --notify: a direct PostgreSQL connection for LISTEN, when --database-url goes through a transaction pooler (default: --database-url)")
 	topologyFile := c.fs.String("topology", "", "a topology file (see outbox declare) to declare on every connection before publishing")
 	unroutable := c.fs.String("unroutable", "park", "what to do with a message no queue is bound for: park (an attempt, parked after --max-attempts; blocks its key in ordered mode), alternate (publish to --alternate-exchange) or drop (count and log it)")
 	alternate := c.fs.String("alternate-exchange", "", "with --unroutable alternate: the exchange that receives unroutable messages")
@@ -133,8 +136,14 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`",
 				slog.String("table", c.table))
 		}
-		if cfg.Wakeup, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: c.databaseURL, Table: c.table, Logger: logger}); err != nil {
+		lurl := cmp.Or(*listenURL, c.databaseURL)
+		c.secrets.addDSN(lurl)
+		if cfg.Wakeup, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: lurl, Table: c.table, Logger: logger}); err != nil {
 			return err
+		}
+		if ok && !probeListen(ctx, db, c.table, cfg.Wakeup) {
+			logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile",
+				slog.String("table", c.table))
 		}
 	}
 	var running atomic.Pointer[relay.Relay] // read by the metrics server's goroutines
@@ -186,6 +195,31 @@ func probeTable(ctx context.Context, store *outbox.Store, logger *slog.Logger) e
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// probeListen sends a notification on the table's channel through db and
+// reports whether the listener behind wake received it within 3s. Through
+// a transaction pooler LISTEN seems to work but receives nothing.
+func probeListen(ctx context.Context, db *sql.DB, table string, wake <-chan struct{}) bool {
+	channel, err := outbox.NotifyChannel(table)
+	if err != nil {
+		return false
+	}
+	select { // a wake-up already pending proves nothing
+	case <-wake:
+	default:
+	}
+	if _, err := db.ExecContext(ctx, `SELECT pg_notify($1, 'probe')`, channel); err != nil {
+		return false
+	}
+	select {
+	case <-wake:
+		return true
+	case <-time.After(3 * time.Second):
+		return false
+	case <-ctx.Done():
+		return true // shutting down: nothing to warn about
 	}
 }
 

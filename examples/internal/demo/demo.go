@@ -113,7 +113,9 @@ func Start(ctx context.Context, name string) (*Run, error) {
 		return nil, err
 	}
 	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO "`+r.Schema+`".invoices VALUES ($1, $2)`, d.MessageId, d.Body)
+		// The body as text, cast in SQL: a []byte would travel as bytea in
+		// pgx's exec and simple_protocol modes (what poolers need).
+		_, err := tx.ExecContext(ctx, `INSERT INTO "`+r.Schema+`".invoices VALUES ($1, $2::text::jsonb)`, d.MessageId, string(d.Body))
 		return err
 	}
 	deliveries, err := ch.Consume(q.Name, "", false, true, false, false, nil)
