@@ -37,25 +37,72 @@
 // # Running it
 //
 // Run blocks until its context ends, then stops claiming, waits up to
-// Config.ShutdownTimeout for the confirms of the batch in flight, marks what
-// was confirmed and releases the rest. Several relays, in one process or
-// many, can share a table: claims never overlap while leases hold. The
+// Config.ShutdownTimeout for the confirms of the batches in flight, marks
+// what was confirmed and releases the rest. Several relays, in one process
+// or many, can share a table: claims never overlap while leases hold. The
 // relay uses its store's own connection pool and holds no transaction open
-// while it publishes. After a claim that found work it claims again at
-// once; after an empty one it waits 1ms, doubling up to
-// Config.PollInterval. Writes made in its process wake it at once (through
-// the store's Subscribe), as does Config.Wakeup (see package pgwake for
-// LISTEN/NOTIFY). Up to Config.MaxInFlight batches are in flight: while
-// one awaits its confirms, the next is claimed and published, and settles
-// follow claim order.
+// while it publishes.
+//
+// # The pipeline
+//
+// Run is two stages, each with one owner:
+//
+//   - The claimer (one goroutine) decides when to claim, and is the only
+//     one that does: it owns polling, wake-ups, backoff and Health. It
+//     claims whenever a worker is free (Config.MaxInFlight workers), again
+//     at once after a claim that found messages, whether the batch was
+//     full or not; after an empty claim it waits 1ms, doubling up to
+//     Config.PollInterval, unless a wake-up comes first (the store's
+//     Subscribe for writes in this process, Config.Wakeup for others, see
+//     package pgwake) or a batch is settled. After a failed claim, or a
+//     broker fault a worker reported, it backs off (jittered, from 100ms
+//     to Config.BackoffMax), and no wake-up cuts that short.
+//   - The workers publish a batch and settle it: published, failed (an
+//     attempt counted) or released. A batch is claimed only when a worker
+//     is free to publish it at once, because its lease runs from the claim.
+//
+// A batch carries its claim time, and every deadline derives from it: its
+// publish ends by the claim time plus Config.PublishTimeout (a shutdown
+// cuts it to Config.ShutdownTimeout after the shutdown began, no longer:
+// one goroutine of Run owns that clock); its settle may take until the end
+// of its lease, and at least 5s after its publish ended, since marks and
+// releases are fenced by the claim (after the lease a mark can only find
+// the lease lost, or save a duplicate).
+//
+// Settles follow no order between batches, and need none. In unordered
+// mode no order is promised. In ordered mode the store never hands out a
+// message of a key while an earlier message of that key is claimed
+// (outbox.Store's claim skips a key whose first unpublished message is
+// claimed, backing off or parked), so while their leases hold two batches
+// never hold messages of one key, and what one batch's settle does cannot
+// change what another may publish. (A batch that outlives its lease shares
+// its messages with the claimer that took them over: each publishes a
+// key's messages one confirm after another, and the marks are fenced by
+// the claim.)
+//
+// What a fault does at each stage: a claim that fails is the claimer's, and
+// it backs off. A broker fault during a publish releases the messages
+// without an attempt (ErrBrokerUnavailable); the claimer backs off before
+// its next claim. A lost lease (a batch that outlived its lease) shows at
+// its settle: those messages belong to another relay now, and are counted
+// (Stats.LeasesLost) and left alone; they may be delivered twice, never
+// lost. A settle that fails otherwise (a session terminated) is retried on
+// a fresh connection until the settle's deadline; if it still fails, the
+// messages are published again after their lease. A shutdown stops the
+// claimer, gives the publishes in flight Config.ShutdownTimeout, then
+// settles what was confirmed and releases the rest. A relay killed outright
+// leaves its batches to their leases: what the broker confirmed but was not
+// marked yet is published again, a duplicate.
+//
+// # Ordered mode
 //
 // With a store in ordered mode (outbox.OrderedByKey), a batch is published
 // in rounds: the first message of every key, then, once the broker
 // confirmed them, the second of each key, and so on; a key whose message
 // was not confirmed has its later messages released (Observer.Released with
-// ReleasedOrder). Claims in that mode never give two relays messages of one
-// key. A relay in ordered mode reconciles the store's held messages every
-// second (Reconciler); one in unordered mode once, when it starts.
+// ReleasedOrder). A relay in ordered mode reconciles the store's held
+// messages every second (Store.Reconcile); one in unordered mode once, when
+// it starts.
 //
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as

@@ -48,7 +48,7 @@ func indexOf(t *testing.T, calls []string, prefix string) int {
 	return -1
 }
 
-// runPipeline runs a two-lane relay until stop is called.
+// runPipeline runs a relay with two workers until stop is called.
 func runPipeline(t *testing.T, store Store, pub Publisher, cfg *Config) (*Relay, func()) {
 	t.Helper()
 	cfg.MaxInFlight, cfg.BatchSize = 2, 2
@@ -63,8 +63,8 @@ func runPipeline(t *testing.T, store Store, pub Publisher, cfg *Config) (*Relay,
 }
 
 // Issue 9, item 1: on shutdown with two batches in flight, both wait for
-// their confirms up to ShutdownTimeout and are then released, in claim
-// order, without an attempt.
+// their confirms up to ShutdownTimeout and are then released without an
+// attempt.
 func TestPipelineShutdownWithTwoBatchesInFlight(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{}
@@ -82,13 +82,16 @@ func TestPipelineShutdownWithTwoBatchesInFlight(t *testing.T) {
 	require.Eventually(t, func() bool { return pub.inFlight.Load() == 2 }, 5*time.Second, time.Millisecond, "both lanes publish at once")
 	stop()
 	calls := store.log()
-	require.Less(t, indexOf(t, calls, "release a1,a2"), indexOf(t, calls, "release b1,b2"), "settles follow claim order: %q", calls)
+	indexOf(t, calls, "release a1,a2")
+	indexOf(t, calls, "release b1,b2")
 	require.Equal(t, int64(4), r.Stats().Released)
 	require.Zero(t, r.Stats().Failed)
 }
 
 // Issue 9, item 1: a lease lost on batch N (marked after its lease ran
-// out) costs nothing to batch N+1, which is published meanwhile.
+// out) costs nothing to batch N+1, which is published and settled
+// meanwhile: settles do not wait for the batches claimed before them
+// (issue 19; see the package doc for why they need not).
 func TestPipelineLeaseLostWhileNextBatchPublishes(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{lost: map[string]bool{"a1": true, "a2": true}}
@@ -107,7 +110,7 @@ func TestPipelineLeaseLostWhileNextBatchPublishes(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Stats().Published == 2 && r.Stats().LeasesLost == 2 }, 5*time.Second, time.Millisecond)
 	stop()
 	calls := store.log()
-	require.Less(t, indexOf(t, calls, "published a1,a2"), indexOf(t, calls, "published b1,b2"), "settles follow claim order: %q", calls)
+	require.Less(t, indexOf(t, calls, "published b1,b2"), indexOf(t, calls, "published a1,a2"), "N+1 settled while N awaited its confirms: %q", calls)
 	require.Equal(t, int32(2), pub.maxSeen.Load(), "batch N+1 was published while N awaited its confirms")
 }
 
@@ -131,6 +134,7 @@ func TestPipelineBrokerFaultInBatchNWhileNextIsClaimed(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Stats().Released == 2 && r.Stats().Published == 2 }, 5*time.Second, time.Millisecond)
 	stop()
 	calls := store.log()
-	require.Less(t, indexOf(t, calls, "release a1,a2"), indexOf(t, calls, "published b1,b2"), "settles follow claim order: %q", calls)
+	indexOf(t, calls, "release a1,a2")
+	indexOf(t, calls, "published b1,b2")
 	require.Zero(t, r.Stats().Failed, "a broker fault counts no attempt")
 }

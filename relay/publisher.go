@@ -35,36 +35,51 @@ type ConcurrentPublisher interface {
 	Concurrent() bool
 }
 
-// Store is the part of *outbox.Store the relay uses. It exists so that tests
-// can substitute it; *outbox.Store is the implementation. The relay also
-// uses, when the store has them, Ordering() outbox.Ordering (ordered mode
-// publishes a key's messages one confirm after another), CheckOrdering,
-// Reconciler, Subscriber, Purger and MaxAttempts: a type that wraps an
-// *outbox.Store must pass them through, Ordering above all.
+// Store is everything the relay uses of its storage; *outbox.Store is the
+// implementation. Every method is required, so that a type that wraps a
+// store either forwards all of them (embedding a Store does) or fails to
+// compile: nothing a relay relies on, ordered mode above all, can be lost
+// silently by wrapping.
+//
+// The first four are the work: a claim is a lease on up to n messages, and
+// the marks and the release are fenced by it (outbox.ErrLeaseLost when it
+// has passed to another claimer). The others say how the storage behaves
+// and what else it does for the relay; a storage that has nothing to do
+// for one of them returns zero values.
 type Store interface {
 	Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error)
 	MarkPublished(ctx context.Context, msgs ...outbox.Message) error
 	MarkFailed(ctx context.Context, msg outbox.Message, reason string) error
 	Release(ctx context.Context, msgs ...outbox.Message) error
-}
 
-// Subscriber is implemented by stores that announce writes made in this
-// process; *outbox.Store does. Run subscribes for its duration, and a value
-// on the channel makes it claim at once. cancel ends the subscription.
-type Subscriber interface {
+	// Ordering says whether claims keep each key's order; the relay then
+	// publishes a key's messages one confirm after another.
+	Ordering() outbox.Ordering
+
+	// MaxAttempts is how many failed attempts park a message (0: not
+	// known), for Observer.Failed.
+	MaxAttempts() int
+
+	// CheckOrdering returns an error wrapping outbox.ErrOrderingUnsafe
+	// when the storage cannot keep ordered mode's order; a relay in
+	// ordered mode refuses to start then.
+	CheckOrdering(ctx context.Context) error
+
+	// Reconcile sets aside (holds) the messages of blocked keys and brings
+	// back the others; a relay in ordered mode calls it every second, one
+	// in unordered mode once at start.
+	Reconcile(ctx context.Context) (held, unheld int64, err error)
+
+	// Subscribe announces writes made in this process: a value on the
+	// channel makes an idle relay claim at once. A nil channel: none.
 	Subscribe() (wakeups <-chan struct{}, cancel func())
-}
 
-// Purger is implemented by stores that can purge published messages;
-// *outbox.Store does. The relay purges only when Config.PurgeAfter is set.
-type Purger interface {
+	// PurgePublished deletes published messages older than olderThan; the
+	// relay calls it when Config.PurgeAfter is set.
 	PurgePublished(ctx context.Context, olderThan time.Duration) (int64, error)
 }
 
-var _ interface {
-	Store
-	Purger
-} = (*outbox.Store)(nil)
+var _ Store = (*outbox.Store)(nil)
 
 // PublisherFunc adapts a function to a Publisher whose Close does nothing.
 type PublisherFunc func(ctx context.Context, msgs []outbox.Message) []error

@@ -22,7 +22,7 @@ func every(ctx context.Context, interval time.Duration, f func(context.Context))
 }
 
 func (r *Relay) purge(ctx context.Context) {
-	n, err := r.store.(Purger).PurgePublished(ctx, r.cfg.PurgeAfter)
+	n, err := r.store.PurgePublished(ctx, r.cfg.PurgeAfter)
 	r.stats.purged.Add(n)
 	switch {
 	case err != nil && ctx.Err() == nil:
@@ -32,19 +32,11 @@ func (r *Relay) purge(ctx context.Context) {
 	}
 }
 
-// Reconciler is implemented by stores that set aside the messages of
-// blocked keys in ordered mode; *outbox.Store does. A relay in ordered mode
-// calls Reconcile every second; one in unordered mode once, when it
-// starts, to bring back what an ordered relay held.
-type Reconciler interface {
-	Reconcile(ctx context.Context) (held, unheld int64, err error)
-}
-
 // reconcileInterval is how often a relay in ordered mode reconciles.
 const reconcileInterval = time.Second
 
 func (r *Relay) reconcile(ctx context.Context) {
-	held, unheld, err := r.store.(Reconciler).Reconcile(ctx)
+	held, unheld, err := r.store.Reconcile(ctx)
 	switch {
 	case err != nil && ctx.Err() == nil:
 		r.logger.WarnContext(ctx, "relay: Reconciling held messages failed", slog.String("error", err.Error()))

@@ -24,13 +24,11 @@ const (
 	PurgeIntervalDefault   = time.Hour
 	ShutdownTimeoutDefault = 10 * time.Second
 	MaxInFlightDefault     = 4
-	settleTimeout          = 15 * time.Second
 	settleRetryMin         = 25 * time.Millisecond
 	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
 	pollFirst              = time.Millisecond // the first wait after an empty claim
 	wakeBurst              = 8                // empty claims 1ms apart after a wake-up
-	extraQuietMax          = 2 * time.Second  // the longest extra lanes stay away after finding nothing
 )
 
 // Config configures a Relay. The zero value (and nil) gives the defaults.
@@ -53,12 +51,10 @@ type Config struct {
 	Logger *slog.Logger
 
 	// MaxInFlight is how many batches may be claimed and not yet settled
-	// at once. Each is handled by a lane of its own (claim, publish,
-	// settle), so that the next batch is claimed and published while the
-	// confirms and marks of the previous one are awaited; settles are
-	// applied in claim order. A batch may wait for the settles of the
-	// batches claimed before it, within its lease. A Publisher that is not
-	// a ConcurrentPublisher is never called concurrently. Defaults to 4.
+	// at once: the relay's workers, each publishing a batch (on a
+	// connection of its own with AMQPPublisher) and settling it, while the
+	// claimer claims the next for a free worker. A Publisher that is not a
+	// ConcurrentPublisher is never called concurrently. Defaults to 4.
 	MaxInFlight int
 
 	// Observer sees claims, publishes, failures, releases, lost leases,
@@ -157,21 +153,18 @@ type Relay struct {
 	running atomic.Bool
 	stats   counters
 
-	health          atomic.Pointer[Health]
-	obs             Observer
-	maxAttempts     int        // the store's, when it says; for Observer.Failed's parked
-	claimMu         sync.Mutex // one claim at a time, numbered by order
-	order           *sequencer
-	pubMu           sync.Mutex                           // one Publish at a time unless concurrent
-	concurrent      bool                                 // the publisher may be called from several lanes at once
-	ordered         bool                                 // the store keeps the order of each key
-	backlog         chan struct{}                        // full claims call extra lanes in
-	extraMu         sync.Mutex                           // guards the two below
-	extraQuiet      time.Duration                        // how long extra lanes stay away after finding nothing
-	extraQuietUntil time.Time                            // until then, extra lanes are not called in
-	pollFirst       time.Duration                        // the first wait after an empty claim
-	backoff         outbox.BackoffFunc                   // waits after broker or database failures
-	sleepHook       func(d time.Duration, wakeable bool) // tests: replaces sleeping
+	healthMu    sync.Mutex // guards the three below
+	lastClaim   time.Time  // the last claim that went through
+	claimErr    error      // the last claim's error
+	brokerErr   error      // the last publish's broker fault
+	obs         Observer
+	maxAttempts int                                  // the store's, when it says; for Observer.Failed's parked
+	pubMu       sync.Mutex                           // one Publish at a time unless concurrent
+	concurrent  bool                                 // the publisher may be called from several workers at once
+	ordered     bool                                 // the store keeps the order of each key
+	pollFirst   time.Duration                        // the first wait after an empty claim
+	backoff     outbox.BackoffFunc                   // waits after broker or database failures
+	sleepHook   func(d time.Duration, wakeable bool) // tests: replaces sleeping
 }
 
 type counters struct {
@@ -209,16 +202,8 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 	if !isNil(c.Observer) {
 		obs = c.Observer
 	}
-	maxAttempts := 0
-	if ma, ok := store.(interface{ MaxAttempts() int }); ok {
-		maxAttempts = ma.MaxAttempts()
-	}
-	ordered := false
-	if o, ok := store.(interface{ Ordering() outbox.Ordering }); ok {
-		ordered = o.Ordering() == outbox.OrderedByKey
-	}
-	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(), ordered: ordered,
-		obs: obs, maxAttempts: maxAttempts, order: newSequencer(), backlog: make(chan struct{}, c.MaxInFlight),
+	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(),
+		ordered: store.Ordering() == outbox.OrderedByKey, obs: obs, maxAttempts: store.MaxAttempts(),
 		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }
 
@@ -250,27 +235,32 @@ type Health struct {
 	Permanent bool
 }
 
-// Health reports how the relay's last round went. A relay is ready when
-// Err is nil and LastClaim is recent (a few poll intervals).
+// Health reports how the relay is doing: its last claim, and the error of
+// its last claim or, when that went through, of its last publish. A relay
+// is ready when Err is nil and LastClaim is recent (a few poll intervals).
 func (r *Relay) Health() Health {
-	if h := r.health.Load(); h != nil {
-		return *h
-	}
-	return Health{}
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	h := Health{LastClaim: r.lastClaim, Err: cmp.Or(r.claimErr, r.brokerErr)}
+	h.Permanent = permanent(h.Err) != ""
+	return h
 }
 
-func (r *Relay) recordHealth(res result, err error) {
-	h := r.Health()
-	switch {
-	case err != nil:
-		h.Err = err
-	case res.brokerFaults > 0:
-		h.LastClaim, h.Err = time.Now(), res.brokerErr
-	default:
-		h.LastClaim, h.Err = time.Now(), nil
+// recordClaim records a claim's outcome (the claimer's).
+func (r *Relay) recordClaim(err error) {
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	r.claimErr = err
+	if err == nil {
+		r.lastClaim = time.Now()
 	}
-	h.Permanent = permanent(h.Err) != ""
-	r.health.Store(&h)
+}
+
+// recordPublish records whether a batch met a broker fault (a worker's).
+func (r *Relay) recordPublish(brokerErr error) {
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	r.brokerErr = brokerErr
 }
 
 // isNil reports whether v is nil or an interface holding a nil pointer

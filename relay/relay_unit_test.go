@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,11 +19,12 @@ import (
 
 // fakeStore hands out queued batches and records every call in order.
 type fakeStore struct {
-	mu      sync.Mutex
-	batches [][]outbox.Message
-	calls   []string
-	lost    map[string]bool
-	claims  int
+	checkCtx bool // settles fail on a context that has ended, as a database's do
+	mu       sync.Mutex
+	batches  [][]outbox.Message
+	calls    []string
+	lost     map[string]bool
+	claims   int
 }
 
 func (s *fakeStore) push(msgs ...outbox.Message) {
@@ -47,7 +49,10 @@ func (s *fakeStore) Claim(ctx context.Context, n int, lease time.Duration) ([]ou
 	return b, nil
 }
 
-func (s *fakeStore) fence(op string, msgs []outbox.Message) error {
+func (s *fakeStore) fence(ctx context.Context, op string, msgs []outbox.Message) error {
+	if s.checkCtx && ctx.Err() != nil {
+		return ctx.Err()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls = append(s.calls, op+" "+join(msgs))
@@ -63,17 +68,25 @@ func (s *fakeStore) fence(op string, msgs []outbox.Message) error {
 	return nil
 }
 
-func (s *fakeStore) MarkPublished(_ context.Context, msgs ...outbox.Message) error {
-	return s.fence("published", msgs)
+func (s *fakeStore) MarkPublished(ctx context.Context, msgs ...outbox.Message) error {
+	return s.fence(ctx, "published", msgs)
 }
 
-func (s *fakeStore) MarkFailed(_ context.Context, m outbox.Message, reason string) error {
-	return s.fence("failed("+reason+")", []outbox.Message{m})
+func (s *fakeStore) MarkFailed(ctx context.Context, m outbox.Message, reason string) error {
+	return s.fence(ctx, "failed("+reason+")", []outbox.Message{m})
 }
 
-func (s *fakeStore) Release(_ context.Context, msgs ...outbox.Message) error {
-	return s.fence("release", msgs)
+func (s *fakeStore) Release(ctx context.Context, msgs ...outbox.Message) error {
+	return s.fence(ctx, "release", msgs)
 }
+
+// The rest of Store: an unordered store that does nothing else.
+func (s *fakeStore) Ordering() outbox.Ordering                                    { return outbox.Unordered }
+func (s *fakeStore) MaxAttempts() int                                             { return 0 }
+func (s *fakeStore) CheckOrdering(context.Context) error                          { return nil }
+func (s *fakeStore) Subscribe() (<-chan struct{}, func())                         { return nil, nil }
+func (s *fakeStore) Reconcile(context.Context) (held, unheld int64, err error)    { return 0, 0, nil }
+func (s *fakeStore) PurgePublished(context.Context, time.Duration) (int64, error) { return 0, nil }
 
 func (s *fakeStore) log() []string {
 	s.mu.Lock()
@@ -526,37 +539,100 @@ func TestIdleRelayIsCheap(t *testing.T) {
 	require.Equal(t, PollIntervalDefault, r.cfg.PollInterval)
 }
 
-// TestExtraLanesStayAwayAfterFindingNothing: an extra lane called in for
-// nothing keeps extra lanes from being called in for a poll interval,
-// doubling while they keep finding nothing, up to extraQuietMax.
-func TestExtraLanesStayAwayAfterFindingNothing(t *testing.T) {
+// Issue 19: the claimer claims the next batch while a worker is free, not
+// only after a full claim: a batch of one message is followed by a second
+// claim while the first is still being published.
+func TestClaimerClaimsWhilePublishCapacityIsFree(t *testing.T) {
 	t.Parallel()
-	r := newTestRelay(t, &fakeStore{}, PublisherFunc(publishNothing), &Config{MaxInFlight: 2, BatchSize: 10, PollInterval: time.Second})
-	signalled := func() bool {
-		select {
-		case <-r.backlog:
-			return true
-		default:
-			return false
+	store := &fakeStore{}
+	store.push(msgs("a")...)
+	store.push(msgs("b")...)
+	release := make(chan struct{})
+	var inFlight, most atomic.Int32
+	pub := concurrentFunc(func(ctx context.Context, m []outbox.Message) []error {
+		n := inFlight.Add(1)
+		for {
+			old := most.Load()
+			if n <= old || most.CompareAndSwap(old, n) {
+				break
+			}
 		}
-	}
-	r.signalBacklog(10)
-	require.True(t, signalled(), "a full claim calls an extra lane in")
-	r.signalBacklog(9)
-	require.False(t, signalled(), "a claim that was not full does not")
+		<-release
+		inFlight.Add(-1)
+		return make([]error, len(m))
+	})
+	r := newTestRelay(t, store, pub, &Config{MaxInFlight: 2, BatchSize: 100, PollInterval: time.Hour})
+	r.pollFirst = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return most.Load() == 2 }, 5*time.Second, time.Millisecond,
+		"both one-message batches are published side by side")
+	close(release)
+	require.Eventually(t, func() bool { return r.Stats().Published == 2 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}
 
-	r.extraFound(false)
-	require.Equal(t, time.Second, r.extraQuiet)
-	r.signalBacklog(10)
-	require.False(t, signalled(), "not while extra lanes stay away")
-	r.extraFound(false)
-	r.extraFound(false)
-	require.Equal(t, extraQuietMax, r.extraQuiet)
-	r.extraFound(true)
-	require.Zero(t, r.extraQuiet)
-	r.extraQuietUntil = time.Time{}
-	r.signalBacklog(10)
-	require.True(t, signalled())
+// concurrentFunc is a PublisherFunc that says it may be called concurrently.
+type concurrentFunc func(ctx context.Context, msgs []outbox.Message) []error
+
+func (f concurrentFunc) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	return f(ctx, msgs)
+}
+func (concurrentFunc) Close() error     { return nil }
+func (concurrentFunc) Concurrent() bool { return true }
+
+// Issue 19: a publish that takes 20s, well within a PublishTimeout of 60s
+// and a lease of 2m, is marked published once and never released: the
+// settle's deadline comes from the batch's lease, not from a fixed time
+// after the claim (it was 15s, and the confirmed batch was published again
+// after the lease).
+func TestSlowPublishWithinItsTimeoutIsMarkedOnce(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{checkCtx: true}
+	store.push(msgs("a", "b")...)
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
+		select {
+		case <-time.After(20 * time.Second):
+		case <-ctx.Done():
+			t.Error("the publish was cut short:", ctx.Err())
+		}
+		return make([]error, len(m))
+	})
+	r := newTestRelay(t, store, pub, &Config{Lease: 2 * time.Minute, PublishTimeout: time.Minute})
+	_, err := r.runOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []string{"claim a,b", "published a,b"}, store.log())
+	require.Equal(t, Stats{Batches: 1, Published: 2}, r.Stats())
+}
+
+// Issue 19: the seam declares everything the relay uses. A wrapper that
+// forwards only the four methods of the work is not a Store (it does not
+// compile); one that embeds a Store forwards all, and ordered mode with it.
+func TestStoreWrapperCannotLoseOrderedMode(t *testing.T) {
+	t.Parallel()
+	storeType := reflect.TypeFor[Store]()
+	require.False(t, reflect.TypeFor[*workOnly]().Implements(storeType), "a wrapper of the four work methods only is not a Store")
+	wrapped := struct{ Store }{orderedStore{&fakeStore{}}}
+	r := newTestRelay(t, wrapped, PublisherFunc(publishNothing), nil)
+	require.True(t, r.ordered, "ordered mode passes through the wrapper")
+}
+
+// workOnly forwards the work and nothing else, as wrappers once did.
+type workOnly struct{ s *fakeStore }
+
+func (w *workOnly) Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error) {
+	return w.s.Claim(ctx, n, lease)
+}
+func (w *workOnly) MarkPublished(ctx context.Context, m ...outbox.Message) error {
+	return w.s.MarkPublished(ctx, m...)
+}
+func (w *workOnly) MarkFailed(ctx context.Context, m outbox.Message, reason string) error {
+	return w.s.MarkFailed(ctx, m, reason)
+}
+func (w *workOnly) Release(ctx context.Context, m ...outbox.Message) error {
+	return w.s.Release(ctx, m...)
 }
 
 // publishNothing is a Publisher function for tests that never publish.

@@ -12,7 +12,7 @@ import (
 
 // Run relays messages until ctx ends, then shuts down gracefully: it claims
 // nothing more, waits up to Config.ShutdownTimeout for the confirms of the
-// batch in flight, marks what was confirmed and releases the rest so that
+// batches in flight, marks what was confirmed and releases the rest so that
 // another relay can take it at once. It returns nil after such a shutdown.
 //
 // Failures of the database or the broker do not stop Run: it logs them and
@@ -25,6 +25,10 @@ import (
 // in ordered mode when the table cannot keep the order
 // (outbox.ErrOrderingUnsafe, see outbox.Store.CheckOrdering): those cannot
 // change while it runs.
+//
+// Run is a pipeline of two stages (see the package documentation): one
+// claimer, and Config.MaxInFlight workers that publish a batch and settle
+// it.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -34,13 +38,25 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
-		slog.Bool("ordered", r.ordered))
+		slog.Bool("ordered", r.ordered), slog.Int("max_in_flight", r.cfg.MaxInFlight))
 
-	// Purging and reconciling run beside the loop: deleting millions of old
-	// rows must not hold up publishing.
+	// A fatal error in any stage stops the others through runCtx.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var (
+		fatalOnce sync.Once
+		fatalErr  error
+	)
+	fail := func(err error) {
+		fatalOnce.Do(func() { fatalErr = err })
+		stopRun()
+	}
+
+	// Purging and reconciling run beside the pipeline: deleting millions
+	// of old rows must not hold up publishing.
 	var beside sync.WaitGroup
-	besideCtx, stopBeside := context.WithCancel(ctx)
 	defer beside.Wait()
+	besideCtx, stopBeside := context.WithCancel(runCtx)
 	defer stopBeside()
 	run := func(f func(context.Context)) {
 		beside.Add(1)
@@ -49,57 +65,61 @@ func (r *Relay) Run(ctx context.Context) error {
 			f(besideCtx)
 		}()
 	}
-	if _, ok := r.store.(Purger); ok && r.cfg.PurgeAfter > 0 {
+	if r.cfg.PurgeAfter > 0 {
 		run(func(ctx context.Context) { every(ctx, r.cfg.PurgeInterval, r.purge) })
 	}
-	if _, ok := r.store.(Reconciler); ok {
-		if r.ordered {
-			run(func(ctx context.Context) { every(ctx, reconcileInterval, r.reconcile) })
-		} else {
-			// Unordered mode holds nothing: bring back, once, what an
-			// ordered relay held before the table changed modes.
-			run(r.reconcile)
+	if r.ordered {
+		run(func(ctx context.Context) { every(ctx, reconcileInterval, r.reconcile) })
+	} else {
+		// Unordered mode holds nothing: bring back, once, what an ordered
+		// relay held before the table changed modes.
+		run(r.reconcile)
+	}
+
+	// The shutdown clock: publishes in flight when runCtx ends get
+	// ShutdownTimeout for their confirms, then drain ends and cuts them
+	// short. This goroutine is the only owner of that deadline.
+	drain, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDrain()
+	go func() {
+		select {
+		case <-runCtx.Done():
+			t := time.NewTimer(r.cfg.ShutdownTimeout)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				stopDrain()
+			case <-drain.Done():
+			}
+		case <-drain.Done():
 		}
-	}
+	}()
 
-	// Writers in this process wake the relay through the store.
-	var local <-chan struct{}
-	if sub, ok := r.store.(Subscriber); ok {
-		ch, cancel := sub.Subscribe()
-		defer cancel()
-		local = ch
+	p := &pipeline{
+		work:    make(chan *batch),
+		slots:   make(chan struct{}, r.cfg.MaxInFlight),
+		settled: make(chan struct{}, 1),
 	}
-
-	// MaxInFlight lanes claim, publish and settle side by side: one
-	// lane's claim and publish overlap another's confirms and marks. The
-	// first lane polls and follows wake-ups; the others join only while
-	// claims come back full, so that a relay that keeps up with its writers
-	// makes one claim at a time (on two cores, concurrent claims and marks
-	// slowed each other down).
-	laneCtx, stopLanes := context.WithCancel(ctx)
-	defer stopLanes()
-	var (
-		lanes    sync.WaitGroup
-		fatalErr error
-		once     sync.Once
-	)
-	for i := range r.cfg.MaxInFlight {
-		lanes.Add(1)
+	for range r.cfg.MaxInFlight {
+		p.slots <- struct{}{}
+	}
+	var workers sync.WaitGroup
+	for range r.cfg.MaxInFlight {
+		workers.Add(1)
 		go func() {
-			defer lanes.Done()
-			var err error
-			if i == 0 {
-				err = r.lane(laneCtx, local)
-			} else {
-				err = r.extraLane(laneCtx)
-			}
-			if err != nil {
-				once.Do(func() { fatalErr = err })
-				stopLanes()
-			}
+			defer workers.Done()
+			r.worker(runCtx, drain, p, fail)
 		}()
 	}
-	lanes.Wait()
+	local, unsubscribe := r.store.Subscribe()
+	if unsubscribe != nil {
+		defer unsubscribe()
+	}
+	if err := r.claimer(runCtx, p, local); err != nil {
+		fail(err)
+	}
+	close(p.work)
+	workers.Wait()
 	if fatalErr != nil {
 		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", fatalErr.Error()))
 		return fatalErr
@@ -108,15 +128,54 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// pipeline is what the claimer and the workers share.
+type pipeline struct {
+	// work hands a claimed batch to a free worker.
+	work chan *batch
+	// slots holds a token per worker that is free: the claimer takes one
+	// before it claims, so that a batch is claimed only when a worker can
+	// publish it at once (its lease runs from the claim), and the worker
+	// gives it back once the batch is settled.
+	slots chan struct{}
+	// settled tells an idle claimer that a batch was settled: in ordered
+	// mode the next messages of its keys may be claimable now.
+	settled chan struct{}
+
+	mu     sync.Mutex
+	faults int   // batches settled with broker faults since the claimer last looked
+	clean  int   // batches settled without
+	fault  error // the latest broker fault, for the log
+}
+
+// report records how a batch's publish went (a worker's).
+func (p *pipeline) report(brokerErr error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if brokerErr != nil {
+		p.faults++
+		p.fault = brokerErr
+	} else {
+		p.clean++
+	}
+}
+
+// reports returns and clears what the workers reported.
+func (p *pipeline) reports() (faults, clean int, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	faults, clean, err = p.faults, p.clean, p.fault
+	p.faults, p.clean, p.fault = 0, 0, nil
+	return faults, clean, err
+}
+
 // checkOrdering refuses to run in ordered mode on a table that cannot keep
-// the order (outbox.ErrOrderingUnsafe), when the store can tell. A check
-// that fails otherwise (the database is down) is left to the claims.
+// the order (outbox.ErrOrderingUnsafe). A check that fails otherwise (the
+// database is down) is left to the claims.
 func (r *Relay) checkOrdering(ctx context.Context) error {
-	c, ok := r.store.(interface{ CheckOrdering(context.Context) error })
-	if !r.ordered || !ok {
+	if !r.ordered {
 		return nil
 	}
-	err := c.CheckOrdering(ctx)
+	err := r.store.CheckOrdering(ctx)
 	switch {
 	case errors.Is(err, outbox.ErrOrderingUnsafe):
 		r.logger.ErrorContext(ctx, "relay: Not started: the table cannot keep per-key order", slog.String("error", err.Error()))
@@ -127,34 +186,66 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 	return nil
 }
 
-// lane claims, publishes and settles until ctx ends, and returns the
-// error that ends the relay, if one did.
-func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
+// claimer is the first stage, and the only one that decides when to
+// claim: it owns polling, wake-ups, backoff and health. It claims while a
+// worker is free, again at once after a claim that found messages, and
+// after an empty one waits 1ms, doubling up to PollInterval, unless a
+// wake-up or a settled batch comes first. After a failure (its own claim,
+// or a broker fault a worker reported) it backs off, and nothing cuts that
+// short. It returns when ctx ends, or with an error nothing can repair.
+func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
 	for {
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-p.slots:
 		}
-		res, err := r.runOnce(ctx)
-		r.recordHealth(res, err)
+		switch faults, clean, ferr := p.reports(); {
+		case faults > 0:
+			// A batch met a broker fault: back off before the next claim,
+			// which would most likely meet it too.
+			failures++
+			wait := r.backoff(failures)
+			r.logFailure(ctx, slog.LevelWarn, "relay: Broker unavailable, messages released", ferr, wait, slog.Int("num_batches", faults))
+			r.sleep(ctx, wait, nil, nil, nil) // a backoff is not cut short by new work
+			if ctx.Err() != nil {
+				p.slots <- struct{}{}
+				return nil
+			}
+		case clean > 0:
+			failures = 0 // the broker is back
+		}
+		select { // only a settle after this claim may wake the claimer
+		case <-p.settled:
+		default:
+		}
+		b, err := r.claim(ctx)
+		if b == nil {
+			p.slots <- struct{}{} // nothing to hand over: the slot stays free
+		}
+		if ctx.Err() == nil {
+			r.recordClaim(err)
+		}
 		var wait time.Duration
 		switch {
 		case fatal(err):
 			return err
 		case ctx.Err() != nil:
-			continue
+			if b != nil {
+				p.work <- b // a worker releases it: shutdown
+			}
+			return nil
 		case err != nil:
 			failures++
 			wait = r.backoff(failures)
 			r.logFailure(ctx, slog.LevelError, "relay: Claiming failed", err, wait)
-		case res.brokerFaults > 0:
-			failures++
-			wait = r.backoff(failures)
-			r.logFailure(ctx, slog.LevelWarn, "relay: Broker unavailable, messages released", res.brokerErr, wait,
-				slog.Int("num_released", res.brokerFaults))
-		case res.claimed > 0:
-			failures, idle = 0, 0
-			continue // work found: there may be more, claim again at once
+			r.sleep(ctx, wait, nil, nil, nil) // a backoff is not cut short by new work
+			continue
+		case b != nil:
+			p.work <- b
+			idle = 0
+			continue // there may be more: claim again at once while a worker is free
 		case burst > 0:
 			failures = 0
 			burst--
@@ -164,12 +255,37 @@ func (r *Relay) lane(ctx context.Context, local <-chan struct{}) error {
 			wait = min(r.cfg.PollInterval, r.pollFirst<<min(idle, 30))
 			idle++
 		}
-		if failures > 0 {
-			r.sleep(ctx, wait, nil, nil) // a backoff is not cut short by new work
-		} else if r.sleep(ctx, wait, r.cfg.Wakeup, local) {
+		if r.sleep(ctx, wait, r.cfg.Wakeup, local, p.settled) {
 			// Woken, maybe before the writer's commit: poll closely for a
 			// few milliseconds before the waits grow again.
 			idle, burst = 0, wakeBurst
+		}
+	}
+}
+
+// worker is the second stage: it publishes the batches the claimer hands
+// it and settles them, until the claimer closes p.work. An error nothing
+// can repair (a closed publisher) goes to fail, which stops the claimer;
+// the batches still handed over are released.
+func (r *Relay) worker(ctx, drain context.Context, p *pipeline, fail func(error)) {
+	stopped := false
+	for b := range p.work {
+		if stopped {
+			r.releaseAll(ctx, b, ReleasedShutdown)
+			p.slots <- struct{}{}
+			continue
+		}
+		res, err := r.process(ctx, drain, b)
+		r.recordPublish(res.brokerErr)
+		p.report(res.brokerErr)
+		select {
+		case p.settled <- struct{}{}:
+		default:
+		}
+		p.slots <- struct{}{}
+		if err != nil {
+			stopped = true
+			fail(err)
 		}
 	}
 }
@@ -187,75 +303,10 @@ func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, er
 	r.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
-// signalBacklog asks an idle extra lane to claim the next batch while this
-// one is published, when a claim came back full, unless extra lanes have
-// lately been called in for nothing.
-func (r *Relay) signalBacklog(claimed int) {
-	if claimed < r.cfg.BatchSize {
-		return
-	}
-	r.extraMu.Lock()
-	quiet := time.Now().Before(r.extraQuietUntil)
-	r.extraMu.Unlock()
-	if !quiet {
-		select {
-		case r.backlog <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// extraFound records whether an extra lane's claim found messages. One
-// that found none was called in by a full claim whose followers wait for
-// it: in ordered mode, the rest of a key whose first messages are in
-// flight. Looking past them again at every full claim would cost the
-// database a walk over that key's messages each time, so extra lanes are
-// not called in again for a while: a poll interval, doubling while they
-// keep finding nothing, up to extraQuietMax.
-func (r *Relay) extraFound(found bool) {
-	r.extraMu.Lock()
-	defer r.extraMu.Unlock()
-	if found {
-		r.extraQuiet = 0
-		return
-	}
-	r.extraQuiet = min(max(2*r.extraQuiet, r.cfg.PollInterval), extraQuietMax)
-	r.extraQuietUntil = time.Now().Add(r.extraQuiet)
-}
-
-// extraLane claims, publishes and settles while claims come back full,
-// and waits for a backlog otherwise.
-func (r *Relay) extraLane(ctx context.Context) error {
-	var failures int
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.backlog:
-		}
-		for ctx.Err() == nil {
-			res, err := r.runOnce(ctx)
-			if fatal(err) {
-				return err
-			}
-			if err != nil || res.brokerFaults > 0 {
-				// The first lane logs and reports it; this one backs off.
-				failures++
-				r.sleep(ctx, r.backoff(failures), nil, nil)
-				break
-			}
-			failures = 0
-			r.extraFound(res.claimed > 0)
-			if res.claimed < r.cfg.BatchSize {
-				break
-			}
-		}
-	}
-}
-
-// sleep waits for d, the end of ctx or a value on w1 or w2 (nil: none),
-// whichever comes first, and reports whether a wake-up ended it.
-func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2 <-chan struct{}) bool {
+// sleep waits for d, the end of ctx or a value on one of ws (nil channels
+// never send), whichever comes first, and reports whether a wake-up ended
+// it.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2, w3 <-chan struct{}) bool {
 	if r.sleepHook != nil { // tests
 		r.sleepHook(d, w1 != nil || w2 != nil)
 		return false
@@ -269,50 +320,8 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2 <-chan struct
 		return true
 	case <-w2:
 		return true
+	case <-w3:
+		return true
 	}
 	return false
-}
-
-// sequencer lets the lanes settle in the order their batches were claimed.
-// Its zero value is not usable: newSequencer.
-type sequencer struct {
-	mu         sync.Mutex
-	cond       *sync.Cond
-	next, done uint64
-}
-
-func newSequencer() *sequencer {
-	s := &sequencer{}
-	s.cond = sync.NewCond(&s.mu)
-	return s
-}
-
-// take numbers the next claim; the caller holds the claim lock.
-func (s *sequencer) take() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.next++
-	return s.next
-}
-
-// wait returns once every batch claimed before seq has settled.
-func (s *sequencer) wait(seq uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.awaitTurn(seq)
-}
-
-// finish records that batch seq has settled, after those before it.
-func (s *sequencer) finish(seq uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.awaitTurn(seq)
-	s.done = seq
-	s.cond.Broadcast()
-}
-
-func (s *sequencer) awaitTurn(seq uint64) {
-	for s.done < seq-1 {
-		s.cond.Wait()
-	}
 }

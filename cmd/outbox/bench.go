@@ -426,9 +426,11 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 }
 
 // noWakeups is a store whose writes do not wake the relay, as a relay in
-// another process would see it. Its field Subscribe hides the store's
-// method of that name; every other method (Ordering, Reconcile, …) stays.
+// another process would see it: its Subscribe offers none, and every other
+// method of relay.Store is the store's.
 type noWakeups struct {
 	*outbox.Store
-	Subscribe struct{}
 }
+
+// Subscribe offers no wake-ups.
+func (noWakeups) Subscribe() (<-chan struct{}, func()) { return nil, func() {} }

@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"context"
+	"errors"
+
+	"github.com/acemq/outbox"
+)
+
+// errHeldBack is the outcome, in ordered mode, of a message that was not
+// published because an earlier message of its key in the batch was not.
+var errHeldBack = errors.New("relay: held back behind an earlier message of its key")
+
+// publish hands msgs to the publisher. In ordered mode (a store that says
+// outbox.OrderedByKey) it publishes in rounds: the first message of every
+// key and every message without a key, then, once the broker confirmed
+// them, the second message of each key whose first was confirmed, and so
+// on. A message of a key is thus sent only after the broker confirmed the
+// one before it, so the queue holds them in order whichever channel or
+// connection carries them; keys proceed side by side. A key whose message
+// was not confirmed has its later messages held back (errHeldBack); a
+// broker fault, a closed publisher or the end of ctx ends the rounds, and
+// the messages never sent are held back too.
+func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
+	if !r.ordered {
+		return r.pub.Publish(ctx, msgs)
+	}
+	var (
+		rounds [][]int // indices into msgs, by place in their key
+		place  = make(map[string]int)
+	)
+	for i := range msgs { // msgs come in the order of seq
+		j := 0
+		if k := msgs[i].Key; k != "" {
+			j = place[k]
+			place[k]++
+		}
+		if j == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[j] = append(rounds[j], i)
+	}
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = errHeldBack
+	}
+	stopped := make(map[string]bool) // keys with a message not confirmed
+	for _, round := range rounds {
+		batch := make([]outbox.Message, 0, len(round))
+		idx := make([]int, 0, len(round))
+		for _, i := range round {
+			if k := msgs[i].Key; k == "" || !stopped[k] {
+				batch = append(batch, msgs[i])
+				idx = append(idx, i)
+			}
+		}
+		if len(batch) == 0 {
+			break
+		}
+		res := r.pub.Publish(ctx, batch)
+		if len(res) != len(batch) {
+			return res // runOnce releases the whole batch
+		}
+		end := false
+		for n, err := range res {
+			i := idx[n]
+			errs[i] = err
+			if err != nil {
+				stopped[msgs[i].Key] = true
+				end = end || errors.Is(err, ErrBrokerUnavailable) || errors.Is(err, ErrPublisherClosed)
+			}
+		}
+		if end || ctx.Err() != nil {
+			// A broker fault, a closed publisher, PublishTimeout or
+			// shutdown: the messages of the rounds left were never sent,
+			// and are released as held back.
+			break
+		}
+	}
+	return errs
+}
