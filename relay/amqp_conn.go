@@ -23,7 +23,7 @@ func (p *amqpLane) ensureChannel(ctx context.Context) error {
 	}
 	// Opening a channel waits for the broker's answer, with no timeout of
 	// its own: a broker that stopped answering would hold the lane (and the
-	// relay's worker) forever. When ctx ends, the connection goes, and the
+	// relay's publisher) forever. When ctx ends, the connection goes, and the
 	// wait with it.
 	conn := p.conn
 	stop := context.AfterFunc(ctx, func() { _ = conn.CloseDeadline(time.Now().Add(closeGrace)) })

@@ -75,31 +75,49 @@ func (r *Relay) releaseAll(ctx context.Context, b *batch, reason string) {
 	_ = r.release(sctx, until, b.msgs, reason)
 }
 
-// process publishes a batch and settles every message: published, failed
-// (an attempt counted) or released. The publish runs on drain, which ends
-// ShutdownTimeout after ctx (shutdown waits that long for confirms, no
-// longer), and ends by b.publishBy; the settle runs past ctx's end, until
-// b.settleBy, so that what the broker confirmed is marked.
+// outcome is a published batch on its way to the settler: one error per
+// message, and when the publish ended.
+type outcome struct {
+	b                   *batch
+	errs                []error
+	pubStart, confirmed time.Time
+	shutdown            bool // claimed as the relay stopped: nothing was published
+}
+
+// process publishes a batch and settles it, one stage after the other.
 func (r *Relay) process(ctx, drain context.Context, b *batch) (result, error) {
-	msgs := b.msgs
-	res := result{claimed: len(msgs)}
+	return r.settleBatch(ctx, r.publishBatch(ctx, drain, b))
+}
+
+// publishBatch publishes a batch. The publish runs on drain, which ends
+// ShutdownTimeout after ctx (shutdown waits that long for confirms, no
+// longer), and ends by b.publishBy.
+func (r *Relay) publishBatch(ctx, drain context.Context, b *batch) outcome {
 	if ctx.Err() != nil { // claimed as the relay stopped: give it back at once
+		return outcome{b: b, shutdown: true}
+	}
+	pubCtx, cancelPub := context.WithDeadline(drain, b.publishBy)
+	defer cancelPub()
+	if !r.concurrent { // a Publisher that did not say it may be called concurrently
+		r.pubMu.Lock()
+		defer r.pubMu.Unlock()
+	}
+	o := outcome{b: b, pubStart: time.Now()}
+	o.errs = r.publish(pubCtx, b.msgs)
+	o.confirmed = time.Now()
+	return o
+}
+
+// settleBatch settles every message of a published batch: published,
+// failed (an attempt counted) or released. It runs past ctx's end, until
+// the batch's settleBy, so that what the broker confirmed is marked.
+func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
+	b, msgs, errs, confirmed := o.b, o.b.msgs, o.errs, o.confirmed
+	res := result{claimed: len(msgs)}
+	if o.shutdown {
 		r.releaseAll(ctx, b, ReleasedShutdown)
 		return res, nil
 	}
-
-	pubCtx, cancelPub := context.WithDeadline(drain, b.publishBy)
-	if !r.concurrent { // a Publisher that did not say it may be called concurrently
-		r.pubMu.Lock()
-	}
-	pubStart := time.Now()
-	errs := r.publish(pubCtx, msgs)
-	confirmed := time.Now()
-	if !r.concurrent {
-		r.pubMu.Unlock()
-	}
-	cancelPub()
-
 	until := b.settleBy(confirmed)
 	settleCtx, cancelSettle := context.WithDeadline(context.WithoutCancel(ctx), until)
 	defer cancelSettle()
@@ -140,7 +158,7 @@ func (r *Relay) process(ctx, drain context.Context, b *batch) (result, error) {
 		}
 	}
 	res.brokerFaults = len(broker)
-	r.obs.Published(ctx, len(published), confirmed.Sub(pubStart))
+	r.obs.Published(ctx, len(published), confirmed.Sub(o.pubStart))
 	for i := range published {
 		r.obs.Lag(ctx, &published[i], confirmed.Sub(published[i].CreatedAt))
 	}

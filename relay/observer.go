@@ -8,7 +8,7 @@ import (
 )
 
 // Observer sees what a relay does, for metrics and alerts. The relay calls
-// it from its claimer and workers, concurrently, in the middle of its work: its methods
+// it from its stages, concurrently, in the middle of their work: its methods
 // must be quick, must not block and must be safe for concurrent use. Embed
 // NopObserver to implement only some of them. Package relay imports no
 // metrics library; an OpenTelemetry implementation plugs in here.

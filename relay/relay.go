@@ -51,9 +51,9 @@ type Config struct {
 	Logger *slog.Logger
 
 	// MaxInFlight is how many batches may be claimed and not yet settled
-	// at once: the relay's workers, each publishing a batch (on a
-	// connection of its own with AMQPPublisher) and settling it, while the
-	// claimer claims the next for a free worker. A Publisher that is not a
+	// at once: the relay's publishers, each publishing a batch (on a
+	// connection of its own with AMQPPublisher), while the claimer claims
+	// the next for a free publisher and the settler settles the last. A Publisher that is not a
 	// ConcurrentPublisher is never called concurrently. Defaults to 4.
 	MaxInFlight int
 
@@ -160,7 +160,7 @@ type Relay struct {
 	obs         Observer
 	maxAttempts int                                  // the store's, when it says; for Observer.Failed's parked
 	pubMu       sync.Mutex                           // one Publish at a time unless concurrent
-	concurrent  bool                                 // the publisher may be called from several workers at once
+	concurrent  bool                                 // the publisher may be called from several publishers at once
 	ordered     bool                                 // the store keeps the order of each key
 	pollFirst   time.Duration                        // the first wait after an empty claim
 	backoff     outbox.BackoffFunc                   // waits after broker or database failures
@@ -256,7 +256,7 @@ func (r *Relay) recordClaim(err error) {
 	}
 }
 
-// recordPublish records whether a batch met a broker fault (a worker's).
+// recordPublish records whether a batch met a broker fault (the settler's).
 func (r *Relay) recordPublish(brokerErr error) {
 	r.healthMu.Lock()
 	defer r.healthMu.Unlock()

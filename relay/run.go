@@ -26,9 +26,8 @@ import (
 // (outbox.ErrOrderingUnsafe, see outbox.Store.CheckOrdering): those cannot
 // change while it runs.
 //
-// Run is a pipeline of two stages (see the package documentation): one
-// claimer, and Config.MaxInFlight workers that publish a batch and settle
-// it.
+// Run is a pipeline of three stages (see the package documentation): one
+// claimer, Config.MaxInFlight publishers, one settler.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -96,21 +95,29 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	p := &pipeline{
-		work:    make(chan *batch),
-		slots:   make(chan struct{}, r.cfg.MaxInFlight),
-		settled: make(chan struct{}, 1),
+		work:     make(chan *batch),
+		toSettle: make(chan outcome, r.cfg.MaxInFlight),
+		slots:    make(chan struct{}, r.cfg.MaxInFlight),
+		settled:  make(chan struct{}, 1),
 	}
 	for range r.cfg.MaxInFlight {
 		p.slots <- struct{}{}
 	}
-	var workers sync.WaitGroup
+	var publishers, settler sync.WaitGroup
 	for range r.cfg.MaxInFlight {
-		workers.Add(1)
+		publishers.Add(1)
 		go func() {
-			defer workers.Done()
-			r.worker(runCtx, drain, p, fail)
+			defer publishers.Done()
+			for b := range p.work {
+				p.toSettle <- r.publishBatch(runCtx, drain, b)
+			}
 		}()
 	}
+	settler.Add(1)
+	go func() {
+		defer settler.Done()
+		r.settler(runCtx, p, fail)
+	}()
 	local, unsubscribe := r.store.Subscribe()
 	if unsubscribe != nil {
 		defer unsubscribe()
@@ -119,7 +126,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		fail(err)
 	}
 	close(p.work)
-	workers.Wait()
+	publishers.Wait()
+	close(p.toSettle)
+	settler.Wait()
 	if fatalErr != nil {
 		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", fatalErr.Error()))
 		return fatalErr
@@ -128,14 +137,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// pipeline is what the claimer and the workers share.
+// pipeline is what the stages share.
 type pipeline struct {
-	// work hands a claimed batch to a free worker.
+	// work hands a claimed batch to a free publisher.
 	work chan *batch
-	// slots holds a token per worker that is free: the claimer takes one
-	// before it claims, so that a batch is claimed only when a worker can
-	// publish it at once (its lease runs from the claim), and the worker
-	// gives it back once the batch is settled.
+	// toSettle hands a published batch to the settler.
+	toSettle chan outcome
+	// slots holds a token per batch that may be in flight (claimed and not
+	// settled): the claimer takes one before it claims, so that a batch is
+	// claimed only when a publisher can take it at once (its lease runs
+	// from the claim), and the settler gives it back.
 	slots chan struct{}
 	// settled tells an idle claimer that a batch was settled: in ordered
 	// mode the next messages of its keys may be claimable now.
@@ -147,7 +158,7 @@ type pipeline struct {
 	fault  error // the latest broker fault, for the log
 }
 
-// report records how a batch's publish went (a worker's).
+// report records how a batch's publish went (the settler's).
 func (p *pipeline) report(brokerErr error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -159,7 +170,7 @@ func (p *pipeline) report(brokerErr error) {
 	}
 }
 
-// reports returns and clears what the workers reported.
+// reports returns and clears what the settler reported.
 func (p *pipeline) reports() (faults, clean int, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -188,10 +199,10 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 
 // claimer is the first stage, and the only one that decides when to
 // claim: it owns polling, wake-ups, backoff and health. It claims while a
-// worker is free, again at once after a claim that found messages, and
+// publisher is free, again at once after a claim that found messages, and
 // after an empty one waits 1ms, doubling up to PollInterval, unless a
 // wake-up or a settled batch comes first. After a failure (its own claim,
-// or a broker fault a worker reported) it backs off, and nothing cuts that
+// or a broker fault the settler reported) it backs off, and nothing cuts that
 // short. It returns when ctx ends, or with an error nothing can repair.
 func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
@@ -233,7 +244,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{})
 			return err
 		case ctx.Err() != nil:
 			if b != nil {
-				p.work <- b // a worker releases it: shutdown
+				p.work <- b // the settler releases it: shutdown
 			}
 			return nil
 		case err != nil:
@@ -245,7 +256,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{})
 		case b != nil:
 			p.work <- b
 			idle = 0
-			continue // there may be more: claim again at once while a worker is free
+			continue // there may be more: claim again at once while a publisher is free
 		case burst > 0:
 			failures = 0
 			burst--
@@ -263,19 +274,20 @@ func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{})
 	}
 }
 
-// worker is the second stage: it publishes the batches the claimer hands
-// it and settles them, until the claimer closes p.work. An error nothing
-// can repair (a closed publisher) goes to fail, which stops the claimer;
-// the batches still handed over are released.
-func (r *Relay) worker(ctx, drain context.Context, p *pipeline, fail func(error)) {
+// settler is the third stage, and the only one that writes the outcomes
+// to the store: one settle at a time, in the order the publishes ended
+// (concurrent settles and claims slow each other down on a small
+// database). An error nothing can repair (a closed publisher) goes to
+// fail, which stops the claimer; what is still handed over is released.
+func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 	stopped := false
-	for b := range p.work {
+	for o := range p.toSettle {
 		if stopped {
-			r.releaseAll(ctx, b, ReleasedShutdown)
+			r.releaseAll(ctx, o.b, ReleasedShutdown)
 			p.slots <- struct{}{}
 			continue
 		}
-		res, err := r.process(ctx, drain, b)
+		res, err := r.settleBatch(ctx, o)
 		r.recordPublish(res.brokerErr)
 		p.report(res.brokerErr)
 		select {

@@ -29,7 +29,8 @@ type benchOptions struct {
 	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs, keys int
 	published, pending, blocked                                                     int
 	rate                                                                            float64
-	notify, noWake, ordered, claims                                                 bool
+	notify, noWake, ordered, claims, relayProcess                                   bool
+	databaseURL                                                                     string // for --relay-process
 }
 
 // cmdBench measures what users of this database and broker get: a relay
@@ -52,6 +53,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.ackEvery, "ack-every", 200, "the consumer acks every this many deliveries (multiple ack)")
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
+	c.fs.BoolVar(&o.relayProcess, "relay-process", false, "run the relay as another process (outbox relay, this binary), as it runs in production: no in-process wake-ups, its own pool and GC")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
 	c.fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many keys, in turn (default 0: a key of its own for each message); with --rate 0 only")
 	c.fs.BoolVar(&o.ordered, "ordered", false, "with --rate 0: measure the relay in ordered mode (outbox.OrderedByKey) too, in the same runs, and compare; with --rate: run the relay in ordered mode")
@@ -63,6 +65,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
+	o.databaseURL = c.databaseURL
 	urls := c.amqpURLs(*amqpURL)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -331,6 +334,9 @@ func (b *bencher) brokerOnly(ctx context.Context) (float64, error) {
 // startRelay runs a relay with the default configuration (the batch size
 // aside) until the returned function is called.
 func (b *bencher) startRelay(ctx context.Context, st *outbox.Store) (func() relay.Stats, error) {
+	if b.o.relayProcess {
+		return b.startRelayProcess(st)
+	}
 	logger := slog.New(slog.NewTextHandler(b.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: b.urls, ConnectionName: "outbox-bench", Logger: logger})
 	if err != nil {

@@ -41,6 +41,9 @@ func (o *phaseObserver) Settled(_ context.Context, took time.Duration, _ error) 
 
 // String summarises the phases: p50 and p99 of each, the mean batch.
 func (o *phaseObserver) String() string {
+	if o == nil {
+		return "in another process (its phases are not measured here)"
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if len(o.claim) == 0 {

@@ -20,8 +20,9 @@ import (
 func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 	pcts := []float64{0.5, 0.9, 0.99, 1}
 	figures := make([]figure, len(pcts))
+	var first, last figure // p50 of the first and the last fifth of the run, by commit time
 	for run := 1; run <= b.o.runs; run++ {
-		lat, err := b.latencyRun(ctx)
+		lat, fifths, err := b.latencyRun(ctx)
 		if err != nil {
 			return err
 		}
@@ -29,16 +30,30 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		for i, p := range pcts {
 			figures[i] = append(figures[i], ms(percentile(lat, p)))
 		}
-		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms; relay: %s\n", run, figures[0][run-1], figures[2][run-1], b.phases)
+		first, last = append(first, ms(fifths[0])), append(last, ms(fifths[1]))
+		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms; relay: %s\n",
+			run, figures[0][run-1], figures[2][run-1], first[run-1], last[run-1], b.phases)
 	}
-	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction: p50 %s, p90 %s, p99 %s, max %s\n",
-		b.o.rate, b.o.writers, figures[0].format("%.1f", " ms"), figures[1].format("%.1f", " ms"), figures[2].format("%.1f", " ms"), figures[3].format("%.1f", " ms"))
+	where := "in the bench's process"
+	if b.o.relayProcess {
+		where = "in another process"
+	} else if b.o.noWake {
+		where = "in the bench's process, ignoring its wake-ups"
+	}
+	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction, relay %s: p50 %s, p90 %s, p99 %s, max %s; p50 of the first fifth %s, of the last fifth %s\n",
+		b.o.rate, b.o.writers, where, figures[0].format("%.1f", " ms"), figures[1].format("%.1f", " ms"), figures[2].format("%.1f", " ms"), figures[3].format("%.1f", " ms"),
+		first.format("%.1f", " ms"), last.format("%.1f", " ms"))
 	return nil
 }
 
-func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
+// latencyRun returns every message's commit-to-consume time, and the p50
+// of the first and of the last fifth of the messages by commit time: a
+// relay that falls behind its writers shows as a last fifth slower than
+// the first.
+func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Duration, error) {
+	var fifths [2]time.Duration
 	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
-		return nil, err
+		return nil, fifths, err
 	}
 	var (
 		mu        sync.Mutex
@@ -53,11 +68,11 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
 		mu.Unlock()
 	})
 	if err != nil {
-		return nil, err
+		return nil, fifths, err
 	}
 	stop, err := b.startRelay(ctx, b.store)
 	if err != nil {
-		return nil, err
+		return nil, fifths, err
 	}
 	defer stop()
 
@@ -92,22 +107,36 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, error) {
 	}
 	for range b.o.writers {
 		if err := <-errs; err != nil {
-			return nil, err
+			return nil, fifths, err
 		}
 	}
 	if err := wait(); err != nil {
-		return nil, err
+		return nil, fifths, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	lat := make([]time.Duration, 0, len(committed))
+	type sample struct {
+		at  time.Time
+		lat time.Duration
+	}
+	samples := make([]sample, 0, len(committed))
 	for k, t := range committed {
 		if a, ok := arrived[k]; ok {
-			lat = append(lat, max(a.Sub(t), 0)) // a delivery can beat the commit's return to the writer
+			samples = append(samples, sample{t, max(a.Sub(t), 0)}) // a delivery can beat the commit's return to the writer
 		}
 	}
-	if len(lat) == 0 {
-		return nil, fmt.Errorf("no latency measured")
+	if len(samples) < 5 {
+		return nil, fifths, fmt.Errorf("no latency measured")
 	}
-	return lat, nil
+	slices.SortFunc(samples, func(x, y sample) int { return x.at.Compare(y.at) })
+	lat := make([]time.Duration, len(samples))
+	for i, s := range samples {
+		lat[i] = s.lat
+	}
+	fifth := len(lat) / 5
+	for i, part := range [][]time.Duration{slices.Clone(lat[:fifth]), slices.Clone(lat[len(lat)-fifth:])} {
+		slices.Sort(part)
+		fifths[i] = percentile(part, 0.5)
+	}
+	return lat, fifths, nil
 }

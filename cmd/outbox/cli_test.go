@@ -267,7 +267,7 @@ func TestBench(t *testing.T) {
 	require.Regexp(t, `one key blocked with 300 messages behind it: claims \S+ ms \[\S+\] before they are set aside; Reconcile set 300 aside in \d+ ms; then \S+ ms`, out)
 	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--writers", "2", "--runs", "1")
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, `commit to consume at 200 msgs/s, 2 writer\(s\), one message per transaction: p50 \S+ ms \[\S+\], p90 \S+ ms \[\S+\], p99 \S+ ms \[\S+\], max`, out)
+	require.Regexp(t, `commit to consume at 200 msgs/s, 2 writer\(s\), one message per transaction, relay in the bench's process: p50 \S+ ms \[\S+\], p90 \S+ ms \[\S+\], p99 \S+ ms \[\S+\], max \S+ ms \[\S+\]; p50 of the first fifth \S+ ms \[\S+\], of the last fifth \S+ ms`, out)
 	m := regexp.MustCompile(`scratch table (outbox_bench_[0-9a-f]+)`).FindStringSubmatch(errOut)
 	require.NotNil(t, m, errOut)
 	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, m[1]), "the scratch table is dropped")

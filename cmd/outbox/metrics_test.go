@@ -88,6 +88,13 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 	require.NoError(t, cmd.Wait(), stderr.String())
 	require.True(t, strings.Contains(stderr.String(), "relay: Serving metrics"), stderr.String())
 
+	// Issue 19: the bench runs the relay as a process of its own.
+	bench := exec.Command(bin, "bench", "--messages", "200", "--rate", "200", "--runs", "1", "--relay-process")
+	bench.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	out, err = bench.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "relay in another process: p50")
+
 	// An idle relay whose broker does not answer is not ready; one whose
 	// broker refuses the login says so, not a timeout of its own (issue
 	// 18, item 4: RabbitMQ refuses after ~3s).

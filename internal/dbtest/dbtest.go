@@ -5,7 +5,6 @@
 package dbtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -22,6 +21,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"go.uber.org/goleak"
+
+	"github.com/acemq/outbox/internal/syncbuf"
 )
 
 // URLDefault is used when TEST_DATABASE_URL is not set.
@@ -328,19 +329,4 @@ func AwaitAdvisoryWait(tb testing.TB, db *sql.DB, pid int) {
 
 // Buffer is a bytes.Buffer that a test can read while another goroutine
 // (a relay, a command's logger) writes to it.
-type Buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *Buffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *Buffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type Buffer = syncbuf.Buffer
