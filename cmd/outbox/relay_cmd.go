@@ -94,6 +94,11 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
+	// The claimer, the settler and the work beside them (reconciling,
+	// purging) each hold a connection at times; database/sql keeps only 2
+	// idle ones by default, so a busy relay would open and close
+	// connections (a PostgreSQL process each) all the time.
+	db.SetMaxIdleConns(8)
 	if err := probeTable(ctx, store, logger); err != nil {
 		return c.explain(err)
 	}
