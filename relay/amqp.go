@@ -397,7 +397,7 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey,
 			true,  // mandatory: an unroutable message comes back instead of vanishing
 			false, // immediate: not supported by RabbitMQ
-			publishing(m))
+			Publishing(m))
 		if err != nil {
 			pubErr = err
 			if encodingError(err) {

@@ -84,7 +84,11 @@ func unencodable(m *outbox.Message) string {
 	return ""
 }
 
-func publishing(m *outbox.Message) amqp.Publishing {
+// Publishing is the AMQP message AMQPPublisher sends for m, with every
+// property it sets: persistent, the outbox id as message-id, the event type
+// as type, the time written as timestamp, the headers with the key in
+// KeyHeader. Package outboxtest records it for tests.
+func Publishing(m *outbox.Message) amqp.Publishing {
 	var headers amqp.Table
 	if len(m.Headers) > 0 || m.Key != "" {
 		headers = make(amqp.Table, len(m.Headers)+1)
