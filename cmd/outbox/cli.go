@@ -28,6 +28,7 @@ Usage:
   outbox schema  [flags]             print the table's DDL (--apply creates it)
   outbox declare [flags]             declare exchanges, queues, bindings and dead-letter queues (--dry-run)
   outbox bench   [flags]             measure relay throughput and latency on a scratch table
+  outbox verify  [flags]             prove this database and broker keep the promise, under faults
   outbox inbox   schema|purge|dead|retry|replay
                                      the consumers' inbox table and dead letters (package inbox)
   outbox version                     the binary's version (also --version)
@@ -64,6 +65,7 @@ var commands = map[string]command{
 	"inbox":   cmdInbox,
 	"version": cmdVersion,
 	"declare": cmdDeclare,
+	"verify":  cmdVerify,
 }
 
 // run executes one command and returns the process exit code: 0 success

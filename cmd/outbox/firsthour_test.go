@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -178,4 +182,75 @@ func TestDeclareCommand(t *testing.T) {
 	code, _, errOut = outboxCmd(t, env, "declare", "--queue", q, "--bind", "x")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "give --exchange too")
+}
+
+// Issue 22, item 2: outbox verify runs relays as child processes of the
+// binary, injects every fault (kill, cut-db, cut-broker, stall) in ordered
+// mode through an inbox, and reports nothing lost or phantom, as JSON;
+// with a fault it does not know, it refuses to start.
+func TestVerifyCommand(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "outbox")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	cmd := exec.Command(bin, "verify", "--duration", "5s", "--rate", "100", "--fault-every", "1s", "--lease", "1s",
+		"--ordered", "--inbox", "--keys", "10", "--json")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	var stderr dbtest.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	require.NoError(t, err, "%s\n%s", stdout, stderr.String())
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal(stdout, &rep), "%s", stdout)
+	require.True(t, rep.OK, "%s", stdout)
+	require.Zero(t, rep.Lost+rep.Phantom+rep.OrderViolations)
+	require.Positive(t, rep.Committed)
+	require.Positive(t, rep.RolledBack, "some transactions were rolled back on purpose")
+	require.Equal(t, rep.Committed, rep.Inbox.Effects, "every committed event had one effect")
+	faults := 0
+	for _, n := range rep.Faults {
+		faults += n
+	}
+	require.GreaterOrEqual(t, faults, 3, "%v", rep.Faults)
+	require.Contains(t, stderr.String(), "verify:    1s  written")
+	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, rep.Table), "the scratch table is dropped")
+
+	code, _, errOut := outboxCmd(t, nil, "verify", "--faults", "kill,flood")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `unknown fault "flood"`)
+}
+
+// Issue 22, item 2: the report counts an event that never arrived as lost
+// and one that arrived without committing as phantom, and fails.
+func TestVerifyReportCountsLossAndPhantoms(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	ids, err := store.AddIDs(ctx, tx, outbox.Event{Type: "a", Key: "k"}, outbox.Event{Type: "b", Key: "k"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	now := time.Now()
+	v := &verifier{o: verifyOptions{ordered: true}, db: db, table: table,
+		committed:  map[string]time.Time{ids[0]: now, ids[1]: now},
+		arrived:    map[string]time.Time{ids[1]: now, "ghost": now},
+		firstByKey: map[string][]string{"k": {ids[1]}}, deliveries: 3, faults: map[string]int{}}
+	rep, err := v.report(ctx, time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Lost)
+	require.Equal(t, 1, rep.Phantom)
+	require.Equal(t, 1, rep.Duplicates)
+	require.False(t, rep.OK)
+	v.arrived[ids[0]] = now
+	v.firstByKey["k"] = []string{ids[1], ids[0]}
+	delete(v.arrived, "ghost")
+	rep, err = v.report(ctx, time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.OrderViolations, "the second message of the key arrived first")
+	require.False(t, rep.OK)
 }
