@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/acemq/outbox/internal/textcut"
 )
 
 func (s *Store) pool() (*sql.DB, error) {
@@ -186,9 +188,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	if msg.claimToken == "" {
 		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
 	}
-	if len(reason) > lastErrorMax {
-		reason = strings.ToValidUTF8(reason[:lastErrorMax], "") + "…"
-	}
+	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax) // a NUL cannot be stored
 	delay := s.backoff(msg.Attempts + 1)
 	var (
 		attempts int

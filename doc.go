@@ -61,6 +61,29 @@
 // [Gauges.BlockedKeys] count such keys. [Store.Reconcile] keeps the held
 // messages true; relays in ordered mode call it.
 //
+// # Words
+//
+// One vocabulary, here and in package relay, the CLI, the metrics and the
+// README:
+//
+//   - pending: waiting to be published: claimed, backing off and held
+//     messages included, parked ones not ([Store.Pending], [Stats.Pending],
+//     [Gauges.Pending]).
+//   - claimed: leased to a relay until its claim expires.
+//   - backing off: failed, and not claimable until its backoff has passed.
+//   - parked: failed [StoreConfig.MaxAttempts] times; waits for an
+//     operator ([Store.Retry], [Store.Discard]).
+//   - discarded: given up on by an operator; its row stays until purged.
+//   - held (ordered mode): set aside in the table because an earlier
+//     message of its key failed; it comes back when that one is published,
+//     re-armed or discarded ([Stats.Held], [Store.Reconcile]).
+//   - blocked key (ordered mode): a key with a parked message; its later
+//     messages are held until an operator acts ([Stats.BlockedKeys]).
+//   - not sent (ordered mode, in a relay's memory): a message of a batch
+//     the relay did not publish because an earlier message of its key in
+//     the batch was not confirmed; it is released at once
+//     (relay.ReleasedOrder), and is not held.
+//
 // # The table
 //
 // The schema is part of the contract; see [Schema] for its DDL and

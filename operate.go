@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/acemq/outbox/internal/pgschema"
 )
 
 // Pending returns how many messages wait to be published: those currently
@@ -207,20 +209,11 @@ func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Durat
 	if err := db.QueryRowContext(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("outbox: purging %s: %w", s.t.full, err)
 	}
-	var total int64
-	for {
-		n, err := s.execCount(ctx, db, "purging published messages", s.q.purge, cutoff, s.purgeBatch)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if progress != nil && n > 0 {
-			progress(total)
-		}
-		if n < int64(s.purgeBatch) {
-			return total, nil
-		}
+	total, err := pgschema.DeleteInBatches(ctx, db, s.purgeBatch, progress, s.q.purge, cutoff)
+	if err != nil {
+		return total, fmt.Errorf("outbox: purging published messages in %s: %w", s.t.full, err)
 	}
+	return total, nil
 }
 
 // CreateSchemaIfAbsent creates the outbox table and its indexes if they do
@@ -235,20 +228,7 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	// Concurrent CREATE ... IF NOT EXISTS of one table can still collide in
-	// the catalog; a transaction-scoped advisory lock serialises them.
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "outbox:"+s.t.quoted); err != nil {
-		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
-	}
-	if _, err := tx.ExecContext(ctx, s.t.createSQL()+s.t.orderSQL()); err != nil {
-		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
-	}
-	if err := tx.Commit(); err != nil {
+	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
 	return nil

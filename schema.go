@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/acemq/outbox/internal/sqlident"
+	"github.com/acemq/outbox/internal/textcut"
 )
 
 // TableDefault is the outbox table used when no name is configured.
@@ -42,12 +43,7 @@ func parseTable(s string) (table, error) {
 	return table{quoted: t.Quoted, name: t.Name, full: s}, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+func truncate(s string, n int) string { return textcut.Cut(s, n) }
 
 // Schema returns the DDL that creates the outbox table of the given name and
 // its indexes, at the current version: the creation and every upgrade, in

@@ -7,14 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/amqpdial"
+	"github.com/acemq/outbox/internal/periodic"
 	"github.com/acemq/outbox/internal/throttle"
 	"github.com/acemq/outbox/topology"
 )
@@ -132,8 +133,10 @@ type Consumer struct {
 	stats  struct {
 		handled, duplicates, retried, dead, refused, requeued, reconnects, purged atomic.Int64
 	}
-	logs     throttle.Throttle
-	dlxCheck sync.Once
+	logs       throttle.Throttle
+	backoff    outbox.BackoffFunc // reconnections, and failures of the database: from 100ms
+	retryDelay outbox.BackoffFunc // a failed message's redeliveries: from RetryDelay
+	dlxCheck   sync.Once
 }
 
 // ConsumerStats are a consumer's running totals: one count per Outcome,
@@ -175,7 +178,8 @@ func (ib *Inbox) Consumer(cfg *ConsumerConfig) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), dialer: dialer, logs: throttle.Throttle{Every: logEvery}}, nil
+	return &Consumer{ib: ib, cfg: c, log: cmp.Or(c.Logger, ib.logger), dialer: dialer, logs: throttle.Throttle{Every: logEvery},
+		backoff: outbox.ExponentialBackoff(consumerBackoffMin, c.BackoffMax), retryDelay: outbox.ExponentialBackoff(c.RetryDelay, c.BackoffMax)}, nil
 }
 
 // Stats returns the consumer's running totals.
@@ -207,7 +211,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		failures++
 		c.stats.reconnects.Add(1)
-		wait := jitter(min(c.cfg.BackoffMax, consumerBackoffMin<<min(failures-1, 20)))
+		wait := c.backoff(failures)
 		msg := "connection closed"
 		if err != nil {
 			msg = c.dialer.Redact(err.Error())
@@ -281,7 +285,7 @@ func (c *Consumer) session(ctx context.Context, node int) error {
 			switch r.outcome {
 			case Requeued: // not the message's fault: back off, then requeue
 				dbFailures++
-				wait := jitter(min(c.cfg.BackoffMax, consumerBackoffMin<<min(dbFailures-1, 20)))
+				wait := c.backoff(dbFailures)
 				c.logRepeated(ctx, slog.LevelWarn, "requeued", "inbox: Delivery requeued without counting an attempt; backing off",
 					slog.String("message_id", storable(d.MessageId)), slog.String("error", r.err.Error()),
 					slog.String("advice", advice(r.err)), slog.Duration("retry_in", wait))
@@ -290,7 +294,7 @@ func (c *Consumer) session(ctx context.Context, node int) error {
 				continue
 			case Retried: // the message's fault: hold it, let others pass
 				dbFailures = 0
-				wait := jitter(min(c.cfg.BackoffMax, c.cfg.RetryDelay<<min(max(r.attempts-1, 0), 20)))
+				wait := c.retryDelay(r.attempts)
 				c.logRepeated(ctx, slog.LevelWarn, "retried", "inbox: Handler failed; the delivery will be retried",
 					slog.String("message_id", d.MessageId), slog.Int("attempts", r.attempts), slog.String("error", r.err.Error()),
 					slog.Duration("retry_in", wait))
@@ -326,9 +330,7 @@ func (c *Consumer) settle(ctx context.Context, d *amqp.Delivery, o Outcome) {
 
 // purgeLoop purges at once and then every PurgeInterval until ctx ends.
 func (c *Consumer) purgeLoop(ctx context.Context) {
-	tick := time.NewTicker(c.cfg.PurgeInterval)
-	defer tick.Stop()
-	for {
+	periodic.Run(ctx, c.cfg.PurgeInterval, func(ctx context.Context) {
 		n, err := c.ib.Purge(ctx, c.cfg.PurgeAfter)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -337,12 +339,7 @@ func (c *Consumer) purgeLoop(ctx context.Context) {
 			c.log.InfoContext(ctx, "inbox: Purged handled messages' records", slog.Int64("num_purged", n))
 		}
 		c.stats.purged.Add(n)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+	})
 }
 
 func (c *Consumer) count(o Outcome) {
@@ -374,9 +371,6 @@ func (c *Consumer) logRepeated(ctx context.Context, level slog.Level, kind, msg 
 	}
 	c.log.LogAttrs(ctx, level, msg, attrs...)
 }
-
-// jitter returns a duration between d/2 and d.
-func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // sleep waits d, or until ctx ends; it reports whether d passed.
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox/internal/textcut"
 )
 
 // Handler applies a message's effect through tx, the inbox's transaction:
@@ -264,9 +266,5 @@ func (ib *Inbox) refuse(ctx context.Context, d *amqp.Delivery, err error, lg *sl
 // storable returns s fit for a text column and a log line: valid UTF-8,
 // without NUL bytes, at most lastErrorMax bytes.
 func storable(s string) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00")
-	if len(s) > lastErrorMax {
-		s = strings.ToValidUTF8(s[:lastErrorMax], "") + "…"
-	}
-	return s
+	return textcut.Cut(strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00"), lastErrorMax)
 }

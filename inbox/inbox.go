@@ -11,8 +11,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/acemq/outbox/internal/sqlident"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox/internal/pgschema"
+	"github.com/acemq/outbox/internal/sqlident"
 )
 
 // Migrations holds the schema of the default "inbox" table as plain SQL
@@ -173,16 +175,8 @@ func (ib *Inbox) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tx, err := ib.db.BeginTx(ctx, nil)
-	if err != nil {
+	if err := pgschema.Apply(ctx, ib.db, "inbox:"+ib.table, ddl); err != nil {
 		return fmt.Errorf("inbox: creating %s: %w", ib.name, err)
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "inbox:"+ib.table); err != nil {
-		return fmt.Errorf("inbox: creating %s: %w", ib.name, err)
-	}
-	if _, err := tx.ExecContext(ctx, ddl); err != nil {
-		return fmt.Errorf("inbox: creating %s: %w", ib.name, err)
-	}
-	return tx.Commit()
+	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/acemq/outbox/internal/pgschema"
 )
 
 // DeadRecord is the record of a message the inbox dead-lettered.
@@ -124,16 +126,6 @@ func (ib *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, err
 	if olderThan < 0 {
 		return 0, fmt.Errorf("inbox: Purge: age must not be negative (got %s)", olderThan)
 	}
-	var total int64
-	for {
-		res, err := ib.db.ExecContext(ctx, ib.q.purge, ib.consumer, olderThan.Microseconds(), PurgeBatchSize)
-		if err != nil {
-			return total, ib.wrap("purging", err)
-		}
-		n, err := res.RowsAffected()
-		total += n
-		if err != nil || n < PurgeBatchSize {
-			return total, err
-		}
-	}
+	total, err := pgschema.DeleteInBatches(ctx, ib.db, PurgeBatchSize, nil, ib.q.purge, ib.consumer, olderThan.Microseconds())
+	return total, ib.wrap("purging", err)
 }

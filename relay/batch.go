@@ -128,7 +128,7 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
-	var published, broker, heldBack []outbox.Message
+	var published, broker, notSent []outbox.Message
 	type failure struct {
 		msg           outbox.Message
 		reason, class string
@@ -141,8 +141,8 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		case errors.Is(err, ErrPublisherClosed):
 			_ = r.release(settleCtx, until, msgs, ReleasedShutdown)
 			return res, err
-		case errors.Is(err, errHeldBack):
-			heldBack = append(heldBack, msgs[i])
+		case errors.Is(err, errNotSent):
+			notSent = append(notSent, msgs[i])
 		case errors.Is(err, ErrBrokerUnavailable):
 			broker = append(broker, msgs[i])
 			if res.brokerErr == nil {
@@ -191,9 +191,9 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		reason = ReleasedShutdown
 	}
 	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, broker, reason))
-	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, heldBack, ReleasedOrder))
+	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, notSent, ReleasedOrder))
 	r.obs.Settled(ctx, time.Since(settleStart), settleErr)
 	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
-		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(heldBack)))
+		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)))
 	return res, nil
 }

@@ -35,7 +35,7 @@ type Observer interface {
 
 	// Released reports n messages given back without an attempt: reason
 	// is "broker" (a broker fault), "shutdown", or "order" (ordered mode:
-	// held back because an earlier message of its key in the batch was
+	// not sent because an earlier message of its key in the batch was
 	// not published).
 	Released(ctx context.Context, n int, reason string)
 

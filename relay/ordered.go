@@ -7,9 +7,9 @@ import (
 	"github.com/acemq/outbox"
 )
 
-// errHeldBack is the outcome, in ordered mode, of a message that was not
+// errNotSent is the outcome, in ordered mode, of a message that was not
 // published because an earlier message of its key in the batch was not.
-var errHeldBack = errors.New("relay: held back behind an earlier message of its key")
+var errNotSent = errors.New("relay: not sent: an earlier message of its key in the batch was not confirmed")
 
 // publish hands msgs to the publisher. In ordered mode (a store that says
 // outbox.OrderedByKey) it publishes in rounds: the first message of every
@@ -18,9 +18,11 @@ var errHeldBack = errors.New("relay: held back behind an earlier message of its 
 // on. A message of a key is thus sent only after the broker confirmed the
 // one before it, so the queue holds them in order whichever channel or
 // connection carries them; keys proceed side by side. A key whose message
-// was not confirmed has its later messages held back (errHeldBack); a
+// was not confirmed has its later messages not sent (errNotSent); a
 // broker fault, a closed publisher or the end of ctx ends the rounds, and
-// the messages never sent are held back too.
+// the messages never sent are not sent either (errNotSent). "Not sent"
+// is the relay's word; the store's "held" is another thing (see the
+// outbox package doc's Words).
 func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 	if !r.ordered {
 		return r.pub.Publish(ctx, msgs)
@@ -42,7 +44,7 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 	}
 	errs := make([]error, len(msgs))
 	for i := range errs {
-		errs[i] = errHeldBack
+		errs[i] = errNotSent
 	}
 	stopped := make(map[string]bool) // keys with a message not confirmed
 	for _, round := range rounds {

@@ -4,22 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/acemq/outbox/internal/periodic"
 )
 
 // every runs f at once and then every interval until ctx ends: the
-// relay's work beside the loop (purging, reconciling held messages).
-func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		f(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
+// relay's work beside the pipeline (purging, reconciling held messages).
+var every = periodic.Run
 
 func (r *Relay) purge(ctx context.Context) {
 	n, err := r.store.PurgePublished(ctx, r.cfg.PurgeAfter)
