@@ -459,7 +459,7 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 		}
 		switch r, ok := returned[m.ID]; {
 		case ok:
-			errs[pd.i] = messageFault(m.ID, ClassUnroutable, fmt.Sprintf("unroutable: no queue is bound to exchange %q for routing key %q (broker replied %d %s); bind a queue or change the Router",
+			errs[pd.i] = messageFault(m.ID, ClassUnroutable, fmt.Sprintf("unroutable: no queue is bound to exchange %q for routing key %q (broker replied %d %s); bind a queue (outbox declare), choose AMQPConfig.Unroutable, or change the Router",
 				r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText))
 		case pd.dc.Acked():
 			acked[pd.i] = true

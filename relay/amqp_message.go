@@ -27,7 +27,7 @@ func (p *amqpLane) blame(m *outbox.Message, closeErr *amqp.Error) error {
 	switch closeErr.Code {
 	case amqp.NotFound:
 		if strings.Contains(closeErr.Reason, fmt.Sprintf("no exchange '%s'", m.Exchange)) {
-			return messageFault(m.ID, ClassMissingExchange, fmt.Sprintf("exchange %q does not exist (broker replied %d %s); declare it or change the Router", m.Exchange, closeErr.Code, closeErr.Reason))
+			return messageFault(m.ID, ClassMissingExchange, fmt.Sprintf("exchange %q does not exist (broker replied %d %s); declare it and bind a queue to it (outbox declare --exchange %s --queue NAME --bind KEY), or change the Router", m.Exchange, closeErr.Code, closeErr.Reason, m.Exchange))
 		}
 	case amqp.PreconditionFailed:
 		if sm := maxSizeRe.FindStringSubmatch(closeErr.Reason); sm != nil {

@@ -29,7 +29,7 @@ type benchOptions struct {
 	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs, keys int
 	published, pending, blocked                                                     int
 	rate                                                                            float64
-	notify, noWake, ordered, claims, relayProcess                                   bool
+	notify, noWake, ordered, claims, relayProcess, holdSnapshot                     bool
 	databaseURL                                                                     string // for --relay-process
 }
 
@@ -53,6 +53,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.ackEvery, "ack-every", 200, "the consumer acks every this many deliveries (multiple ack)")
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
+	c.fs.BoolVar(&o.holdSnapshot, "hold-snapshot", false, "hold a REPEATABLE READ snapshot open for the whole bench, as a long report query or a forgotten BEGIN does: VACUUM can then remove no dead row version younger than it")
 	c.fs.BoolVar(&o.relayProcess, "relay-process", false, "run the relay as another process (outbox relay, this binary), as it runs in production: no in-process wake-ups, its own pool and GC")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
 	c.fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many keys, in turn (default 0: a key of its own for each message); with --rate 0 only")
@@ -133,6 +134,14 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	defer db.ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS "`+c.table+`"`) //nolint:errcheck
 	if o.claims {
 		return claims(ctx, c, o, db)
+	}
+	if o.holdSnapshot {
+		release, err := holdSnapshot(ctx, db)
+		if err != nil {
+			return err
+		}
+		defer release()
+		fmt.Fprintln(c.stderr, "bench: holding a REPEATABLE READ snapshot open until the end (--hold-snapshot)")
 	}
 
 	conn, err := amqp.Dial(urls[0])

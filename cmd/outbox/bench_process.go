@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -53,4 +55,33 @@ func (b *bencher) startRelayProcess(st *outbox.Store) (func() relay.Stats, error
 			&st.Published, &st.Failed, &st.Released, &st.LeasesLost)
 		return st
 	}, nil
+}
+
+// holdSnapshot opens a REPEATABLE READ transaction on a connection of its
+// own and takes its snapshot, which holds VACUUM back until release.
+func holdSnapshot(ctx context.Context, db *sql.DB) (release func(), err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	var x int
+	if err := tx.QueryRowContext(ctx, "SELECT 1").Scan(&x); err != nil { // the snapshot is taken here
+		_ = tx.Rollback()
+		conn.Close()
+		return nil, err
+	}
+	return func() { _ = tx.Rollback(); conn.Close() }, nil
+}
+
+// deadTuples returns PostgreSQL's count of the table's dead row versions
+// (its statistics lag behind by up to a second or so).
+func (b *bencher) deadTuples(ctx context.Context) int64 {
+	var n int64
+	_ = b.db.QueryRowContext(ctx, `SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relname = $1`, b.table).Scan(&n)
+	return n
 }
