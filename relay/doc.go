@@ -50,8 +50,11 @@
 //   - The claimer (one goroutine) decides when to claim, and is the only
 //     one that does: it owns polling, wake-ups, backoff and Health. It
 //     claims whenever fewer than Config.MaxInFlight batches are in flight,
-//     again at once after a claim that found messages, whether the batch
-//     was full or not; after an empty claim it waits 1ms, doubling up to
+//     not only after a full batch: at once after a claim that filled half a
+//     batch or more, 1ms after a shorter one (under load, a claim then
+//     gathers a few more messages instead of costing the database a round
+//     trip per handful: at 2,000 events/s from another process this halved
+//     the latency), and after an empty claim it waits 1ms, doubling up to
 //     Config.PollInterval, unless a wake-up comes first (the store's
 //     Subscribe for writes in this process, Config.Wakeup for others, see
 //     package pgwake) or a batch is settled. After a failed claim, or a

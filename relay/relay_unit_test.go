@@ -561,8 +561,9 @@ func TestClaimerClaimsWhilePublishCapacityIsFree(t *testing.T) {
 		inFlight.Add(-1)
 		return make([]error, len(m))
 	})
+	// After a short batch the claimer lingers 1ms (pollFirst) before it
+	// claims again; it does not wait for the batch to be settled.
 	r := newTestRelay(t, store, pub, &Config{MaxInFlight: 2, BatchSize: 100, PollInterval: time.Hour})
-	r.pollFirst = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

@@ -199,6 +199,8 @@ type bencher struct {
 	payload         []byte
 	stderr          io.Writer
 	phases          *phaseObserver // of the last relay run
+	deadBefore      int64          // the table's dead row versions before and after the last latency run
+	deadAfter       int64
 }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
