@@ -260,6 +260,15 @@ writing:
 		relays.stop()
 		return nil, writeErr
 	}
+	// Every fault asked for happens at least once, however short the run.
+	for _, f := range v.o.faults {
+		v.mu.Lock()
+		n := v.faults[f]
+		v.mu.Unlock()
+		if n == 0 {
+			v.inject(ctx, relays, f)
+		}
+	}
 	// Drain: every committed event must arrive (a stalled or killed relay's
 	// batch comes back after its lease).
 	deadline := time.Now().Add(v.o.drainTimeout)
