@@ -67,7 +67,7 @@ const (
 	// Unordered, the default, claims messages in the order they were
 	// written but lets relays publish them side by side, and a message
 	// that fails waits out its backoff while later ones go ahead: most
-	// messages arrive in order, none is held back by another.
+	// messages arrive in order, none waits for another.
 	Unordered Ordering = iota
 
 	// OrderedByKey keeps the order of the messages of each key: for two

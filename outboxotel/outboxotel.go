@@ -132,7 +132,7 @@ func NewObserver(cfg *Config) (*Observer, error) {
 	o.lag = histogram("outbox.lag", "Time from a message's created_at (the writing transaction's start, database clock) to the broker's confirm")
 	o.failed = counter("outbox.messages.failed", "{message}", "Failed attempts counted against a message, by error.type")
 	o.parked = counter("outbox.messages.parked", "{message}", "Messages parked after their last attempt")
-	o.released = counter("outbox.messages.released", "{message}", "Messages given back without an attempt, by outbox.release.reason (broker, shutdown, order: held back behind an earlier message of its key in ordered mode)")
+	o.released = counter("outbox.messages.released", "{message}", "Messages given back without an attempt, by outbox.release.reason (broker, shutdown, order: not sent, in ordered mode, because an earlier message of its key in the batch was not confirmed)")
 	o.lost = counter("outbox.leases.lost", "{message}", "Messages whose claim had passed to another relay when settled")
 	o.settleDur = histogram("outbox.settle.duration", "Time to mark a batch published or failed and release the rest")
 	if err := errors.Join(errs...); err != nil {

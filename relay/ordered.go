@@ -75,7 +75,7 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 		if end || ctx.Err() != nil {
 			// A broker fault, a closed publisher, PublishTimeout or
 			// shutdown: the messages of the rounds left were never sent,
-			// and are released as held back.
+			// and are released as not sent.
 			break
 		}
 	}
