@@ -220,10 +220,9 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 		return nil, err
 	}
 	defer stopConsume()
-	var ib *inbox.Inbox
 	stopInbox := func() {}
 	if v.o.inbox {
-		if ib, stopInbox, err = v.consumeInbox(ctx); err != nil {
+		if stopInbox, err = v.consumeInbox(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -270,9 +269,16 @@ writing:
 		}
 	}
 	// Drain: every committed event must arrive (a stalled or killed relay's
-	// batch comes back after its lease).
+	// batch comes back after its lease). What committed is what the table
+	// holds, now that the writers are done: a commit whose answer the
+	// writer missed (its context ended during COMMIT) may have gone through.
+	final, err := v.tableIDs(ctx)
+	if err != nil {
+		relays.stop()
+		return nil, err
+	}
 	deadline := time.Now().Add(v.o.drainTimeout)
-	for !v.allArrived() && time.Now().Before(deadline) && ctx.Err() == nil {
+	for !v.allArrived(final) && time.Now().Before(deadline) && ctx.Err() == nil {
 		select {
 		case <-tick.C:
 			v.progress(start)
@@ -282,7 +288,7 @@ writing:
 	relays.stop()
 	var effects map[string]int
 	if v.o.inbox {
-		effects, err = v.awaitEffects(ctx, ib, deadline)
+		effects, err = v.awaitEffects(ctx, final, deadline)
 		stopInbox()
 		if err != nil {
 			return nil, err
@@ -386,16 +392,16 @@ func (v *verifier) consume(ctx context.Context, conn *amqp.Connection) (func(), 
 
 // consumeInbox consumes the second queue through an inbox whose effect is
 // a row per message.
-func (v *verifier) consumeInbox(ctx context.Context) (*inbox.Inbox, func(), error) {
+func (v *verifier) consumeInbox(ctx context.Context) (func(), error) {
 	if _, err := v.db.ExecContext(ctx, `CREATE TABLE "`+v.table+`_effects" (message_id text NOT NULL)`); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	ib, err := inbox.New(v.db, &inbox.Config{Consumer: "verify", Table: v.table + "_inbox", Logger: v.quiet()})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := ib.CreateSchemaIfAbsent(ctx); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO "`+v.table+`_effects" VALUES ($1)`, d.MessageId)
@@ -403,12 +409,12 @@ func (v *verifier) consumeInbox(ctx context.Context) (*inbox.Inbox, func(), erro
 	}
 	c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: v.queue + ".inbox", Handler: effect, URLs: []string{v.amqpURL}, Logger: v.quiet()})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(cctx) }()
-	return ib, func() { cancel(); <-done }, nil
+	return func() { cancel(); <-done }, nil
 }
 
 // quiet is a logger for verify's own consumer: errors only.
@@ -472,10 +478,29 @@ func (v *verifier) write(ctx context.Context, store *outbox.Store) error {
 	}
 }
 
-func (v *verifier) allArrived() bool {
+// tableIDs returns the ids of the events the table holds: the committed
+// ones.
+func (v *verifier) tableIDs(ctx context.Context) (map[string]bool, error) {
+	rows, err := v.db.QueryContext(ctx, `SELECT id::text FROM "`+v.table+`"`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	ids := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids[id] = true
+	}
+	return ids, rows.Err()
+}
+
+func (v *verifier) allArrived(final map[string]bool) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for id := range v.committed {
+	for id := range final {
 		if _, ok := v.arrived[id]; !ok {
 			return false
 		}
@@ -498,7 +523,7 @@ func (v *verifier) progress(start time.Time) {
 
 // awaitEffects waits until every committed event had its effect, or the
 // deadline, and returns the effects per message id.
-func (v *verifier) awaitEffects(ctx context.Context, _ *inbox.Inbox, deadline time.Time) (map[string]int, error) {
+func (v *verifier) awaitEffects(ctx context.Context, final map[string]bool, deadline time.Time) (map[string]int, error) {
 	for {
 		effects := map[string]int{}
 		rows, err := v.db.QueryContext(ctx, `SELECT message_id, count(*) FROM "`+v.table+`_effects" GROUP BY message_id`)
@@ -515,15 +540,13 @@ func (v *verifier) awaitEffects(ctx context.Context, _ *inbox.Inbox, deadline ti
 			effects[id] = n
 		}
 		rows.Close()
-		v.mu.Lock()
 		complete := true
-		for id := range v.committed {
+		for id := range final {
 			if effects[id] == 0 {
 				complete = false
 				break
 			}
 		}
-		v.mu.Unlock()
 		if complete || time.Now().After(deadline) || ctx.Err() != nil {
 			return effects, rows.Err()
 		}
