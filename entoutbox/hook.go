@@ -22,6 +22,14 @@ var ErrNoExecContext = errors.New("entoutbox: the mutation has no ExecContext me
 
 // Config configures an Outbox. The zero value (and nil) gives the defaults.
 type Config struct {
+	// Store, when set, is the store the hook writes through: one
+	// outbox.StoreConfig (table, router, headers, ordering) shared by every
+	// adapter of the table (GORM, ent, pgx, database/sql) and by the relay
+	// in the same process, which its writes then wake. Table, Router,
+	// Headers and Ordering must be left empty with it: they are a
+	// shorthand for a store of the hook's own.
+	Store *outbox.Store
+
 	// Headers adds headers taken from the mutation's context to every
 	// event, for example the W3C trace context. Defaults to none.
 	Headers outbox.HeaderFunc
@@ -84,9 +92,15 @@ func New(cfg *Config) (*Outbox, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: cfg.Table, Router: cfg.Router, Headers: cfg.Headers, Ordering: cfg.Ordering})
-	if err != nil {
-		return nil, fmt.Errorf("entoutbox: %w", err)
+	store := cfg.Store
+	switch {
+	case store != nil && (cfg.Table != "" || cfg.Router != nil || cfg.Headers != nil || cfg.Ordering != outbox.Unordered):
+		return nil, errors.New("entoutbox: Config.Store is set: leave Table, Router, Headers and Ordering empty, the store's configuration is the one")
+	case store == nil:
+		var err error
+		if store, err = outbox.NewStore(nil, &outbox.StoreConfig{Table: cfg.Table, Router: cfg.Router, Headers: cfg.Headers, Ordering: cfg.Ordering}); err != nil {
+			return nil, fmt.Errorf("entoutbox: %w", err)
+		}
 	}
 	return &Outbox{store: store, frames: make(map[frameKey]*frame)}, nil
 }

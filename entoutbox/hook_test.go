@@ -18,6 +18,7 @@ import (
 	"github.com/acemq/outbox/entoutbox/internal/testent"
 	"github.com/acemq/outbox/entoutbox/internal/testent/order"
 	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/outboxtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -254,4 +255,23 @@ func TestOrderedMode(t *testing.T) {
 	require.NoError(t, <-done)
 	require.NoError(t, second.Commit())
 	require.Equal(t, []string{"order.placed/order-5", "order.paid/order-5"}, b.events(t))
+}
+
+// Issue 19: one outbox.Store, configured once, is what the hook writes
+// through when given; the shorthand fields beside it are refused.
+func TestHookWritesThroughASharedStore(t *testing.T) {
+	t.Parallel()
+	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Router: outbox.ToExchange("shop")})
+	require.NoError(t, err)
+	b := setupWith(t, &entoutbox.Config{Store: store})
+	b.ob.On("Order", ent.OpCreate, orderRule)
+	ctx := context.Background()
+	tx, err := b.client.Tx(ctx)
+	require.NoError(t, err)
+	_, err = tx.Order.Create().SetTotal(1).Save(ctx)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	outboxtest.RequireEvent(t, b.other, b.schema+".outbox", outboxtest.Match{Type: "order.OpCreate", Exchange: "shop"})
+	_, err = entoutbox.New(&entoutbox.Config{Store: store, Ordering: outbox.OrderedByKey})
+	require.ErrorContains(t, err, "Config.Store is set")
 }

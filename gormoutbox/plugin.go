@@ -58,6 +58,14 @@ const (
 //
 // A Plugin must not be changed after db.Use.
 type Plugin struct {
+	// Store, when set, is the store the plugin writes through: one
+	// outbox.StoreConfig (table, router, headers, ordering) shared by every
+	// adapter of the table (GORM, ent, pgx, database/sql) and by the relay
+	// in the same process, which its writes then wake. Table, Router,
+	// Headers and Ordering must be left empty with it: they are a
+	// shorthand for a store of the plugin's own.
+	Store *outbox.Store
+
 	// Headers adds headers taken from the statement's context
 	// (db.WithContext) to every event, for example the W3C trace context.
 	// Defaults to none.
@@ -92,9 +100,9 @@ func (p *Plugin) Name() string { return PluginName }
 
 // Initialize registers the plugin's callbacks. db.Use calls it.
 func (p *Plugin) Initialize(db *gorm.DB) error {
-	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: p.Table, Router: p.Router, Headers: p.Headers, Ordering: p.Ordering})
+	store, err := writerStore(p.Store, p.Table, p.Router, p.Headers, p.Ordering)
 	if err != nil {
-		return fmt.Errorf("gormoutbox: %w", err)
+		return err
 	}
 	if p.TxMode != BeginIfNeeded && p.TxMode != RequireTx {
 		return fmt.Errorf("gormoutbox: Plugin.TxMode %d is not BeginIfNeeded or RequireTx", p.TxMode)
@@ -329,4 +337,20 @@ func Attach(db *gorm.DB, evts ...outbox.Event) *gorm.DB {
 		prev = v.(*eventbox.Box)
 	}
 	return db.Set(SettingKey, eventbox.New(prev, evts))
+}
+
+// writerStore returns store, or a store of the plugin's own built from the
+// shorthand fields; both at once is a mistake.
+func writerStore(store *outbox.Store, table string, router outbox.Router, headers outbox.HeaderFunc, ordering outbox.Ordering) (*outbox.Store, error) {
+	if store != nil {
+		if table != "" || router != nil || headers != nil || ordering != outbox.Unordered {
+			return nil, errors.New("gormoutbox: Plugin.Store is set: leave Table, Router, Headers and Ordering empty, the store's configuration is the one")
+		}
+		return store, nil
+	}
+	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: table, Router: router, Headers: headers, Ordering: ordering})
+	if err != nil {
+		return nil, fmt.Errorf("gormoutbox: %w", err)
+	}
+	return store, nil
 }
