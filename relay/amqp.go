@@ -45,6 +45,10 @@ const (
 	// answering must not hold the publisher up.
 	closeGrace = 2 * time.Second
 
+	// reportEvery is how many confirmed messages PublishConfirming reports
+	// at a time.
+	reportEvery = 25
+
 	// closeReasonWait bounds the wait for the reason of a channel that is
 	// already closed.
 	closeReasonWait = 500 * time.Millisecond
@@ -214,6 +218,14 @@ func NewAMQPPublisher(cfg *AMQPConfig) (*AMQPPublisher, error) {
 // message alone is reported as failed (its fault, an attempt counted); the
 // others are published.
 func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	return p.PublishConfirming(ctx, msgs, nil)
+}
+
+// PublishConfirming is Publish that reports confirmed messages as their
+// confirms arrive (see ConfirmingPublisher). A message is reported once
+// the broker acked it and did not return it: a return precedes its ack, so
+// it has been read by then.
+func (p *AMQPPublisher) PublishConfirming(ctx context.Context, msgs []outbox.Message, confirmed func(indices []int)) []error {
 	errs := make([]error, 0, len(msgs))
 	if p == nil { // a nil *AMQPPublisher: not usable, like a closed one
 		for _, m := range msgs {
@@ -225,7 +237,16 @@ func (p *AMQPPublisher) Publish(ctx context.Context, msgs []outbox.Message) []er
 	defer l.mu.Unlock()
 	for start := 0; start < len(msgs); start += confirmWindow {
 		window := msgs[start:min(start+confirmWindow, len(msgs))]
-		werrs := l.publishIsolating(ctx, window, 0)
+		var report func([]int)
+		if confirmed != nil {
+			report = func(ix []int) {
+				for k := range ix {
+					ix[k] += start
+				}
+				confirmed(ix)
+			}
+		}
+		werrs := l.publishIsolating(ctx, window, 0, report)
 		l.settleUnroutable(ctx, window, werrs)
 		errs = append(errs, werrs...)
 	}
@@ -282,8 +303,10 @@ func (p *AMQPPublisher) lane() *amqpLane {
 // publishIsolating publishes a window and, if the broker closed the channel
 // for a reason that points at no message in particular, republishes the
 // suspects in halves until each is either confirmed or alone and refused.
-func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, depth int) []error {
-	errs := p.publishWindow(ctx, msgs)
+// report, when not nil, is told of confirmed messages as they come (the
+// first round only: a message isolated again is reported with the result).
+func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, depth int, report func([]int)) []error {
+	errs := p.publishWindow(ctx, msgs, report)
 	var suspects []int
 	for i, err := range errs {
 		if pe, ok := err.(*PublishError); ok && pe.suspect {
@@ -312,8 +335,8 @@ func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, 
 		group[k] = msgs[i]
 	}
 	half := len(group) / 2
-	sub := p.publishIsolating(ctx, group[:half], depth+1)
-	sub = append(sub, p.publishIsolating(ctx, group[half:], depth+1)...)
+	sub := p.publishIsolating(ctx, group[:half], depth+1, nil)
+	sub = append(sub, p.publishIsolating(ctx, group[half:], depth+1, nil)...)
 	for k, i := range suspects {
 		errs[i] = sub[k]
 	}
@@ -324,7 +347,7 @@ func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, 
 // confirms. The bound matters: the broker's returns (unroutable messages)
 // wait in a buffer larger than the window, so the library never has to
 // drop one, which would let an unroutable message pass as published.
-func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []error {
+func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message, report func([]int)) []error {
 	errs := make([]error, len(msgs))
 	fail := func(class, reason string, err error) []error {
 		for i, m := range msgs {
@@ -417,7 +440,12 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 
 	// Await every confirm. Returns for a message precede its confirm, and are
 	// read here while waiting so that the library never has to drop one.
+	// amqp091-go hands a return to the buffered returns channel before it
+	// records the ack that follows it (one reader goroutine), so once a
+	// message is acked, draining the channel tells whether it was returned:
+	// an acked message that was not is reported at once.
 	timedOut := false
+	var ready []int
 	for _, pd := range pending {
 	wait:
 		for {
@@ -434,6 +462,19 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message) []e
 		if timedOut {
 			break
 		}
+		if report != nil && pd.dc.Acked() {
+			drain()
+			if _, back := returned[msgs[pd.i].ID]; !back {
+				ready = append(ready, pd.i)
+			}
+			if len(ready) >= reportEvery {
+				report(ready)
+				ready = nil
+			}
+		}
+	}
+	if report != nil && len(ready) > 0 {
+		report(ready)
 	}
 	drain()
 

@@ -18,6 +18,7 @@ type batch struct {
 	claimed   time.Time // when the claim was made: the lease runs from here
 	publishBy time.Time // claimed + PublishTimeout: the publish, confirms included, ends by then
 	leaseEnd  time.Time // claimed + Lease: after it another relay may claim the messages
+	marked    []bool    // the settler's: messages marked published as their confirms came
 }
 
 // settleFloor is the least time a settle gets, whatever is left of the
@@ -67,12 +68,66 @@ func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	return r.process(ctx, context.WithoutCancel(ctx), b)
 }
 
+// settleEvent is what the publishers hand the settler: confirmed messages
+// of a batch still being published (early), or the batch's outcome.
+type settleEvent struct {
+	b     *batch
+	early []int    // indices into b.msgs, confirmed
+	final *outcome // the publish's result
+}
+
+// markEarly marks published the messages of b the broker has confirmed
+// while the rest of b is still being published, so that a relay killed
+// now publishes again only what was confirmed since. What fails to be
+// marked here is marked with the batch's outcome.
+func (r *Relay) markEarly(ctx context.Context, b *batch, ix []int) {
+	if b.marked == nil {
+		b.marked = make([]bool, len(b.msgs))
+	}
+	var msgs []outbox.Message
+	var which []int
+	for _, i := range ix {
+		if i >= 0 && i < len(b.msgs) && !b.marked[i] {
+			msgs, which = append(msgs, b.msgs[i]), append(which, i)
+		}
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	until := b.settleBy(time.Now())
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	defer cancel()
+	n, err := r.settle(sctx, until, "marking published", len(msgs), func(ctx context.Context) error {
+		return r.store.MarkPublished(ctx, msgs...)
+	})
+	r.stats.published.Add(n)
+	if err == nil { // marked, or their lease was lost (counted): done with either way
+		for _, i := range which {
+			b.marked[i] = true
+		}
+	}
+}
+
 // releaseAll gives a batch back without publishing it.
 func (r *Relay) releaseAll(ctx context.Context, b *batch, reason string) {
 	until := b.settleBy(time.Now())
 	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
 	defer cancel()
-	_ = r.release(sctx, until, b.msgs, reason)
+	_ = r.release(sctx, until, b.unmarked(), reason)
+}
+
+// unmarked returns the messages of b not marked published yet.
+func (b *batch) unmarked() []outbox.Message {
+	if b.marked == nil {
+		return b.msgs
+	}
+	var out []outbox.Message
+	for i, m := range b.msgs {
+		if !b.marked[i] {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // outcome is a published batch on its way to the settler: one error per
@@ -86,13 +141,15 @@ type outcome struct {
 
 // process publishes a batch and settles it, one stage after the other.
 func (r *Relay) process(ctx, drain context.Context, b *batch) (result, error) {
-	return r.settleBatch(ctx, r.publishBatch(ctx, drain, b))
+	return r.settleBatch(ctx, r.publishBatch(ctx, drain, b, nil))
 }
 
 // publishBatch publishes a batch. The publish runs on drain, which ends
 // ShutdownTimeout after ctx (shutdown waits that long for confirms, no
 // longer), and ends by b.publishBy.
-func (r *Relay) publishBatch(ctx, drain context.Context, b *batch) outcome {
+// report, when not nil, is told of confirmed messages as their confirms
+// arrive (with a ConfirmingPublisher).
+func (r *Relay) publishBatch(ctx, drain context.Context, b *batch, report func([]int)) outcome {
 	if ctx.Err() != nil { // claimed as the relay stopped: give it back at once
 		return outcome{b: b, shutdown: true}
 	}
@@ -103,7 +160,7 @@ func (r *Relay) publishBatch(ctx, drain context.Context, b *batch) outcome {
 		defer r.pubMu.Unlock()
 	}
 	o := outcome{b: b, pubStart: time.Now()}
-	o.errs = r.publish(pubCtx, b.msgs)
+	o.errs = r.publish(pubCtx, b.msgs, report)
 	o.confirmed = time.Now()
 	return o
 }
@@ -124,11 +181,11 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	if len(errs) != len(msgs) {
 		r.logger.ErrorContext(ctx, "relay: Publisher returned a wrong number of results; releasing the batch",
 			slog.Int("num_messages", len(msgs)), slog.Int("num_results", len(errs)))
-		_ = r.release(settleCtx, until, msgs, ReleasedBroker)
+		_ = r.release(settleCtx, until, b.unmarked(), ReleasedBroker)
 		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
-	var published, broker, notSent []outbox.Message
+	var confirmedMsgs, published, broker, notSent []outbox.Message
 	type failure struct {
 		msg           outbox.Message
 		reason, class string
@@ -137,9 +194,12 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	for i, err := range errs {
 		switch {
 		case err == nil:
-			published = append(published, msgs[i])
+			confirmedMsgs = append(confirmedMsgs, msgs[i])
+			if b.marked == nil || !b.marked[i] { // not marked yet as its confirm came
+				published = append(published, msgs[i])
+			}
 		case errors.Is(err, ErrPublisherClosed):
-			_ = r.release(settleCtx, until, msgs, ReleasedShutdown)
+			_ = r.release(settleCtx, until, b.unmarked(), ReleasedShutdown)
 			return res, err
 		case errors.Is(err, errNotSent):
 			notSent = append(notSent, msgs[i])
@@ -158,9 +218,9 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		}
 	}
 	res.brokerFaults = len(broker)
-	r.obs.Published(ctx, len(published), confirmed.Sub(o.pubStart))
-	for i := range published {
-		r.obs.Lag(ctx, &published[i], confirmed.Sub(published[i].CreatedAt))
+	r.obs.Published(ctx, len(confirmedMsgs), confirmed.Sub(o.pubStart))
+	for i := range confirmedMsgs {
+		r.obs.Lag(ctx, &confirmedMsgs[i], confirmed.Sub(confirmedMsgs[i].CreatedAt))
 	}
 
 	// Published first: it is what prevents a duplicate. Then failures, then

@@ -23,9 +23,12 @@ var errNotSent = errors.New("relay: not sent: an earlier message of its key in t
 // the messages never sent are not sent either (errNotSent). "Not sent"
 // is the relay's word; the store's "held" is another thing (see the
 // outbox package doc's Words).
-func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
+//
+// report, when not nil and the publisher is a ConfirmingPublisher, is told
+// of confirmed messages (indices into msgs) as their confirms arrive.
+func (r *Relay) publish(ctx context.Context, msgs []outbox.Message, report func([]int)) []error {
 	if !r.ordered {
-		return r.pub.Publish(ctx, msgs)
+		return r.publishTo(ctx, msgs, report)
 	}
 	var (
 		rounds [][]int // indices into msgs, by place in their key
@@ -59,7 +62,17 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 		if len(batch) == 0 {
 			break
 		}
-		res := r.pub.Publish(ctx, batch)
+		var roundReport func([]int)
+		if report != nil {
+			roundReport = func(ix []int) {
+				mapped := make([]int, len(ix))
+				for k, n := range ix {
+					mapped[k] = idx[n]
+				}
+				report(mapped)
+			}
+		}
+		res := r.publishTo(ctx, batch, roundReport)
 		if len(res) != len(batch) {
 			return res // runOnce releases the whole batch
 		}
@@ -80,4 +93,13 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message) []error {
 		}
 	}
 	return errs
+}
+
+// publishTo hands msgs to the publisher, reporting confirms as they come
+// when it can and report is not nil.
+func (r *Relay) publishTo(ctx context.Context, msgs []outbox.Message, report func([]int)) []error {
+	if cp, ok := r.pub.(ConfirmingPublisher); ok && report != nil {
+		return cp.PublishConfirming(ctx, msgs, report)
+	}
+	return r.pub.Publish(ctx, msgs)
 }

@@ -35,6 +35,20 @@ type ConcurrentPublisher interface {
 	Concurrent() bool
 }
 
+// ConfirmingPublisher is a Publisher that tells, before Publish returns,
+// which messages the broker has confirmed, so that the relay marks them
+// published at once: a relay killed with a batch in flight then publishes
+// again only what was confirmed in the last moments, not the whole batch.
+// AMQPPublisher is one.
+type ConfirmingPublisher interface {
+	Publisher
+	// PublishConfirming is Publish that also calls confirmed, from the
+	// publishing goroutine and before it returns, with the indices (into
+	// msgs) of messages whose result will be nil, as their confirms
+	// arrive. Each index is reported at most once; confirmed must be quick.
+	PublishConfirming(ctx context.Context, msgs []outbox.Message, confirmed func(indices []int)) []error
+}
+
 // Store is everything the relay uses of its storage; *outbox.Store is the
 // implementation. Every method is required, so that a type that wraps a
 // store either forwards all of them (embedding a Store does) or fails to

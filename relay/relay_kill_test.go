@@ -22,7 +22,18 @@ import (
 type slowSettle struct{ relay.Publisher }
 
 func (p slowSettle) Publish(ctx context.Context, msgs []outbox.Message) []error {
-	errs := p.Publisher.Publish(ctx, msgs)
+	return p.PublishConfirming(ctx, msgs, nil)
+}
+
+// PublishConfirming passes the confirms on as they come (issue 19: the
+// relay marks them at once), then dawdles as Publish does.
+func (p slowSettle) PublishConfirming(ctx context.Context, msgs []outbox.Message, confirmed func([]int)) []error {
+	var errs []error
+	if cp, ok := p.Publisher.(relay.ConfirmingPublisher); ok && confirmed != nil {
+		errs = cp.PublishConfirming(ctx, msgs, confirmed)
+	} else {
+		errs = p.Publisher.Publish(ctx, msgs)
+	}
 	time.Sleep(150 * time.Millisecond)
 	return errs
 }

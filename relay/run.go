@@ -95,10 +95,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	p := &pipeline{
-		work:     make(chan *batch),
-		toSettle: make(chan outcome, r.cfg.MaxInFlight),
-		slots:    make(chan struct{}, r.cfg.MaxInFlight),
-		settled:  make(chan struct{}, 1),
+		work: make(chan *batch),
+		// Enough room for every event of the batches in flight (their
+		// early confirms in groups, and their outcomes): a publisher never
+		// waits on the settler while it reads confirms.
+		events:  make(chan settleEvent, r.cfg.MaxInFlight*(r.cfg.BatchSize/reportEvery+2)),
+		slots:   make(chan struct{}, r.cfg.MaxInFlight),
+		settled: make(chan struct{}, 1),
 	}
 	for range r.cfg.MaxInFlight {
 		p.slots <- struct{}{}
@@ -109,7 +112,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() {
 			defer publishers.Done()
 			for b := range p.work {
-				p.toSettle <- r.publishBatch(runCtx, drain, b)
+				o := r.publishBatch(runCtx, drain, b, func(ix []int) { p.events <- settleEvent{b: b, early: ix} })
+				p.events <- settleEvent{b: b, final: &o}
 			}
 		}()
 	}
@@ -127,7 +131,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	close(p.work)
 	publishers.Wait()
-	close(p.toSettle)
+	close(p.events)
 	settler.Wait()
 	if fatalErr != nil {
 		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", fatalErr.Error()))
@@ -141,8 +145,9 @@ func (r *Relay) Run(ctx context.Context) error {
 type pipeline struct {
 	// work hands a claimed batch to a free publisher.
 	work chan *batch
-	// toSettle hands a published batch to the settler.
-	toSettle chan outcome
+	// events hands the settler, in order for each batch, the messages
+	// confirmed while the batch is published and then its outcome.
+	events chan settleEvent
 	// slots holds a token per batch that may be in flight (claimed and not
 	// settled): the claimer takes one before it claims, so that a batch is
 	// claimed only when a publisher can take it at once (its lease runs
@@ -286,7 +291,14 @@ func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{})
 // fail, which stops the claimer; what is still handed over is released.
 func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 	stopped := false
-	for o := range p.toSettle {
+	for ev := range p.events {
+		if ev.final == nil {
+			if !stopped {
+				r.markEarly(ctx, ev.b, ev.early)
+			}
+			continue
+		}
+		o := *ev.final
 		if stopped {
 			r.releaseAll(ctx, o.b, ReleasedShutdown)
 			p.slots <- struct{}{}

@@ -105,7 +105,7 @@ func (p *amqpLane) settleUnroutable(ctx context.Context, msgs []outbox.Message, 
 		diverted[k] = msgs[i]
 		diverted[k].Exchange = p.alternate
 	}
-	sub := p.publishIsolating(ctx, diverted, 0)
+	sub := p.publishIsolating(ctx, diverted, 0, nil)
 	for k, i := range again {
 		var pe *PublishError
 		switch err := sub[k]; {
