@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -137,4 +138,42 @@ func TestPipelineBrokerFaultInBatchNWhileNextIsClaimed(t *testing.T) {
 	indexOf(t, calls, "release a1,a2")
 	indexOf(t, calls, "published b1,b2")
 	require.Zero(t, r.Stats().Failed, "a broker fault counts no attempt")
+}
+
+// confirmingPub is a ConcurrentPublisher and ConfirmingPublisher whose
+// confirms the test drives.
+type confirmingPub struct {
+	publish func(ctx context.Context, m []outbox.Message, confirmed func([]int)) []error
+}
+
+func (p *confirmingPub) Publish(ctx context.Context, m []outbox.Message) []error {
+	return p.publish(ctx, m, nil)
+}
+func (p *confirmingPub) PublishConfirming(ctx context.Context, m []outbox.Message, confirmed func([]int)) []error {
+	return p.publish(ctx, m, confirmed)
+}
+func (p *confirmingPub) Close() error     { return nil }
+func (p *confirmingPub) Concurrent() bool { return true }
+
+// Issue 19: what the broker confirmed is marked published while the rest of
+// its batch is still being published; the batch's outcome then marks only
+// the rest.
+func TestConfirmedMessagesMarkedBeforeTheBatchEnds(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	store.push(msgs("a", "b", "c")...)
+	release := make(chan struct{})
+	pub := &confirmingPub{publish: func(ctx context.Context, m []outbox.Message, confirmed func([]int)) []error {
+		require.NotNil(t, confirmed, "the relay asks for confirms as they come")
+		confirmed([]int{0, 1})
+		<-release // c's confirm is slow
+		return make([]error, len(m))
+	}}
+	r, stop := runPipeline(t, store, pub, &Config{BatchSize: 3})
+	require.Eventually(t, func() bool { return slices.Contains(store.log(), "published a,b") }, 5*time.Second, time.Millisecond,
+		"a and b are marked while c is awaited")
+	close(release)
+	require.Eventually(t, func() bool { return r.Stats().Published == 3 }, 5*time.Second, time.Millisecond)
+	stop()
+	require.Equal(t, []string{"claim a,b,c", "published a,b", "published c"}, store.log()[:3])
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
@@ -142,4 +143,41 @@ func TestPublisherDeclaresTopology(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ch.QueueDeclarePassive(queue+".dead", true, false, false, false, nil)
 	require.NoError(t, err, "its dead-letter queue was declared too")
+}
+
+// Issue 19: PublishConfirming reports a message only once the broker acked
+// it and did not return it: an unroutable message is never reported as
+// confirmed, whatever order the broker's frames come in.
+func TestPublishConfirmingNeverReportsAReturnedMessage(t *testing.T) {
+	t.Parallel()
+	conn := amqptest.Conn(t)
+	top := amqptest.Declare(t, conn, "order.placed")
+	amqptest.Consume(t, conn, top.Queue)
+	pub := newPublisher(t, nil)
+	var msgs []outbox.Message
+	for i := range 60 {
+		key := "order.placed"
+		if i%7 == 3 {
+			key = "nobody.listens"
+		}
+		msgs = append(msgs, outbox.Message{ID: uuid.NewString(), EventType: key, Exchange: top.Exchange, RoutingKey: key, Payload: []byte("{}")})
+	}
+	var reported []int
+	errs := pub.PublishConfirming(context.Background(), msgs, func(ix []int) { reported = append(reported, ix...) })
+	require.Len(t, errs, len(msgs))
+	seen := map[int]bool{}
+	for _, i := range reported {
+		require.False(t, seen[i], "index %d reported twice", i)
+		seen[i] = true
+		require.NoError(t, errs[i], "message %d was reported confirmed", i)
+		require.Equal(t, "order.placed", msgs[i].RoutingKey)
+	}
+	for i, err := range errs {
+		if msgs[i].RoutingKey == "nobody.listens" {
+			require.ErrorContains(t, err, "unroutable")
+		} else {
+			require.NoError(t, err)
+			require.True(t, seen[i], "a confirmed message %d is reported", i)
+		}
+	}
 }
