@@ -50,6 +50,7 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message, report func(
 		errs[i] = errNotSent
 	}
 	stopped := make(map[string]bool) // keys with a message not confirmed
+	var gathered []int               // confirmed, not reported yet
 	for _, round := range rounds {
 		batch := make([]outbox.Message, 0, len(round))
 		idx := make([]int, 0, len(round))
@@ -64,12 +65,17 @@ func (r *Relay) publish(ctx context.Context, msgs []outbox.Message, report func(
 		}
 		var roundReport func([]int)
 		if report != nil {
+			// A round is often one message a key: gather the confirms of
+			// several rounds before they are marked, or a hot key would
+			// cost a statement per message.
 			roundReport = func(ix []int) {
-				mapped := make([]int, len(ix))
-				for k, n := range ix {
-					mapped[k] = idx[n]
+				for _, n := range ix {
+					gathered = append(gathered, idx[n])
 				}
-				report(mapped)
+				if len(gathered) >= reportEvery {
+					report(gathered)
+					gathered = nil
+				}
 			}
 		}
 		res := r.publishTo(ctx, batch, roundReport)
