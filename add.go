@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -15,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/acemq/outbox/internal/pgerr"
 )
 
 // Execer is what Add writes through: the caller's open transaction.
@@ -125,29 +126,24 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 	}
 	if len(evts) <= insertChunk {
 		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
-			return nil, s.duplicate(fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err))
+			return nil, s.explainWrite(fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err))
 		}
 	} else if err := s.addChunked(ctx, tx, len(evts), args); err != nil {
-		return nil, s.duplicate(err)
+		return nil, s.explainWrite(err)
 	}
 	s.Notify()
 	return ids, nil
 }
 
-// duplicate marks a unique violation of the table's primary key (an
+// explainWrite marks a unique violation of the table's primary key (an
 // event's ID already written) with ErrDuplicateID, and explains a pooler in
 // the way.
-func (s *Store) duplicate(err error) error {
-	var st interface {
-		SQLState() string
-	}
-	if errors.As(err, &st) {
-		switch st.SQLState() {
-		case "23505":
-			return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
-		case "42P05", "26000":
-			return fmt.Errorf("%w (%s)", err, PoolerHint)
-		}
+func (s *Store) explainWrite(err error) error {
+	switch pgerr.State(err) {
+	case "23505":
+		return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
+	case "42P05", "26000":
+		return fmt.Errorf("%w (%s)", err, PoolerHint)
 	}
 	return err
 }

@@ -293,11 +293,12 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	}
 	g := Gauges{Limit: limit}
 	var oldest float64
-	var oldestHeld float64
-	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Pending, &g.Parked, &oldest, &g.BlockedKeys, &g.Held, &oldestHeld); err != nil {
+	var waiting int64
+	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&waiting, &g.Held, &g.Parked, &oldest, &g.BlockedKeys); err != nil {
 		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
 	}
-	g.OldestPendingAge = time.Duration(max(oldest, oldestHeld) * float64(time.Second)).Round(time.Millisecond)
+	g.Pending = waiting + g.Held
+	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
 	return g, nil
 }
 

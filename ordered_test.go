@@ -77,6 +77,9 @@ func TestOrderedClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [2]int64{st.Pending, st.Held}, [2]int64{g.Pending, g.Held}, "Stats and Gauges agree (issue 18, item 3)")
 	require.InDelta(t, st.OldestPendingAge.Seconds(), g.OldestPendingAge.Seconds(), 1)
+	g1, err := b.store.Gauges(ctx, 1)
+	require.NoError(t, err)
+	require.InDelta(t, g.OldestPendingAge.Seconds(), g1.OldestPendingAge.Seconds(), 0.5, "the oldest is the oldest, whatever the counts' limit")
 
 	// Once a1 is ready again, it goes first, alone; publishing it brings
 	// back a2, a3 and a4, which go together, in order.

@@ -140,16 +140,15 @@ LIMIT $1`),
 		discard: r2(changing(`published_at = now(), discarded_at = now()`, `id = ANY($1::uuid[]) AND {parked}`)),
 
 		// Each part is answered by a partial index. The counts stop at $1.
+		// Pending is waiting plus held, added up by Gauges.
 		gauges: r2(`SELECT
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} LIMIT $1) AS p) +
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} LIMIT $1) AS p),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
-	coalesce(extract(epoch FROM now() - (
-		SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1))::float8, 0),
-	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b),
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h2),
-	coalesce(extract(epoch FROM now() - (
-		SELECT min(created_at) FROM (SELECT created_at FROM {table} WHERE {held} LIMIT $1) AS ho))::float8, 0)`),
+	coalesce(extract(epoch FROM now() - least(
+		(SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1),
+		(SELECT created_at FROM {table} WHERE {held} ORDER BY seq LIMIT 1)))::float8, 0),
+	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b)`),
 
 		purgeable: r2(`SELECT count(*) FROM {table}
 WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),

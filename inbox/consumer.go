@@ -274,49 +274,53 @@ func (c *Consumer) session(ctx context.Context, node int) error {
 				return errors.New("the channel closed before any delivery")
 			}
 			got = true
-			// The delivery in progress finishes even on shutdown.
-			start := time.Now()
-			r := c.ib.handle(context.WithoutCancel(ctx), &d, c.cfg.Handler, c.log)
-			took := time.Since(start)
-			c.count(r.outcome)
-			if c.cfg.Observer != nil {
-				c.cfg.Observer.Handled(ctx, &d, r.outcome, took, r.err)
-			}
-			switch r.outcome {
-			case Requeued: // not the message's fault: back off, then requeue
-				dbFailures++
-				wait := c.backoff(dbFailures)
-				c.logRepeated(ctx, slog.LevelWarn, "requeued", "inbox: Delivery requeued without counting an attempt; backing off",
-					slog.String("message_id", storable(d.MessageId)), slog.String("error", r.err.Error()),
-					slog.String("advice", advice(r.err)), slog.Duration("retry_in", wait))
-				sleep(ctx, wait)
-				c.settle(ctx, &d, r.outcome)
-				continue
-			case Retried: // the message's fault: hold it, let others pass
-				dbFailures = 0
-				wait := c.retryDelay(r.attempts)
-				c.logRepeated(ctx, slog.LevelWarn, "retried", "inbox: Handler failed; the delivery will be retried",
-					slog.String("message_id", d.MessageId), slog.Int("attempts", r.attempts), slog.String("error", r.err.Error()),
-					slog.Duration("retry_in", wait))
-				wg.Add(1)
-				go func(d amqp.Delivery) {
-					defer wg.Done()
-					if sleep(held, wait) {
-						c.settle(ctx, &d, Retried)
-					}
-				}(d)
-				continue
-			case Handled:
-				dbFailures = 0
-				if r.err != nil { // ErrHandlerCommitted: applied, but misused
-					c.log.ErrorContext(ctx, "inbox: Handler misuse", slog.String("message_id", d.MessageId), slog.String("error", r.err.Error()))
-				}
-			case DeadLettered, Refused, Duplicate:
-				dbFailures = 0
-			}
-			c.settle(ctx, &d, r.outcome)
+			dbFailures = c.deliver(ctx, held, &wg, d, dbFailures)
 		}
 	}
+}
+
+// deliver handles one delivery through the inbox and settles it, holding
+// a failed one for its retry delay (a goroutine of wg, stopped with held)
+// and backing off after a failure of the database. dbFailures counts those
+// in a row; deliver returns the new count.
+func (c *Consumer) deliver(ctx, held context.Context, wg *sync.WaitGroup, d amqp.Delivery, dbFailures int) int {
+	// The delivery in progress finishes even on shutdown.
+	start := time.Now()
+	r := c.ib.handle(context.WithoutCancel(ctx), &d, c.cfg.Handler, c.log)
+	c.count(r.outcome)
+	if c.cfg.Observer != nil {
+		c.cfg.Observer.Handled(ctx, &d, r.outcome, time.Since(start), r.err)
+	}
+	switch r.outcome {
+	case Requeued: // not the message's fault: back off, then requeue
+		dbFailures++
+		wait := c.backoff(dbFailures)
+		c.logRepeated(ctx, slog.LevelWarn, "requeued", "inbox: Delivery requeued without counting an attempt; backing off",
+			slog.String("message_id", storable(d.MessageId)), slog.String("error", r.err.Error()),
+			slog.String("advice", advice(r.err)), slog.Duration("retry_in", wait))
+		sleep(ctx, wait)
+		c.settle(ctx, &d, r.outcome)
+		return dbFailures
+	case Retried: // the message's fault: hold it, let others pass
+		wait := c.retryDelay(r.attempts)
+		c.logRepeated(ctx, slog.LevelWarn, "retried", "inbox: Handler failed; the delivery will be retried",
+			slog.String("message_id", d.MessageId), slog.Int("attempts", r.attempts), slog.String("error", r.err.Error()),
+			slog.Duration("retry_in", wait))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if sleep(held, wait) {
+				c.settle(ctx, &d, Retried)
+			}
+		}()
+		return 0
+	case Handled:
+		if r.err != nil { // ErrHandlerCommitted: applied, but misused
+			c.log.ErrorContext(ctx, "inbox: Handler misuse", slog.String("message_id", d.MessageId), slog.String("error", r.err.Error()))
+		}
+	}
+	c.settle(ctx, &d, r.outcome)
+	return 0
 }
 
 // settle acks, requeues or rejects d, logging a failure (the channel is

@@ -1,7 +1,6 @@
 package inbox
 
 import (
-	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -10,6 +9,9 @@ import (
 	"net"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/pgerr"
 )
 
 var (
@@ -111,18 +113,10 @@ func checkMessageID(id string) error {
 	return nil
 }
 
-func sqlState(err error) string {
-	var st interface{ SQLState() string }
-	if errors.As(err, &st) {
-		return st.SQLState()
-	}
-	return ""
-}
-
 // retryAtOnce reports a serialization failure or a deadlock: the
 // transaction lost a race, and running it again at once is the cure.
 func retryAtOnce(err error) bool {
-	s := sqlState(err)
+	s := pgerr.State(err)
 	return s == "40001" || s == "40P01"
 }
 
@@ -132,7 +126,7 @@ func infrastructure(err error) bool {
 	if err == nil {
 		return false
 	}
-	switch s := sqlState(err); {
+	switch s := pgerr.State(err); {
 	case s == "":
 	case strings.HasPrefix(s, "08"), // connection exception
 		strings.HasPrefix(s, "53"),  // insufficient resources (too many connections, disk full)
@@ -160,14 +154,14 @@ func infrastructure(err error) bool {
 // messageFault reports an error of the claim that only the message id can
 // cause (a data exception, a value over a limit): redelivering cannot help.
 func messageFault(err error) bool {
-	s := sqlState(err)
+	s := pgerr.State(err)
 	return strings.HasPrefix(s, "22") || strings.HasPrefix(s, "54")
 }
 
 // advice returns what an operator should do about an infrastructure
 // failure that waiting will not cure, or "".
 func advice(err error) string {
-	switch sqlState(err) {
+	switch pgerr.State(err) {
 	case "42P01":
 		return "the inbox table does not exist: create it with `outbox inbox schema --apply` or your migrations"
 	case "42703":
@@ -181,12 +175,7 @@ func advice(err error) string {
 	case "28P01", "28000":
 		return "PostgreSQL refused the credentials: check the database URL's user and password"
 	case "42P05", "26000":
-		return "a transaction pooler (PgBouncer) sits between the consumer and PostgreSQL, and pgx's statement cache does not survive it: add default_query_exec_mode=cache_describe to the database URL"
+		return outbox.PoolerHint
 	}
 	return ""
-}
-
-// ctxEnded reports whether err is ctx's own end.
-func ctxEnded(ctx context.Context, err error) bool {
-	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }

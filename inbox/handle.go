@@ -176,7 +176,7 @@ func (ib *Inbox) attempt(ctx context.Context, d *amqp.Delivery, h Handler, lg *s
 	rerr := tx.Rollback()
 	var pe *PanicError
 	switch {
-	case ctxEnded(ctx, herr) || ctx.Err() != nil:
+	case ctx.Err() != nil:
 		return result{outcome: Requeued, err: herr}, false
 	case errors.Is(rerr, sql.ErrTxDone):
 		return ib.endedByHandler(ctx, d, herr, lg), false

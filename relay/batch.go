@@ -15,9 +15,8 @@ import (
 // not from when a stage happens to get to it.
 type batch struct {
 	msgs      []outbox.Message
-	claimed   time.Time // when the claim was made: the lease runs from here
-	publishBy time.Time // claimed + PublishTimeout: the publish, confirms included, ends by then
-	leaseEnd  time.Time // claimed + Lease: after it another relay may claim the messages
+	publishBy time.Time // claim + PublishTimeout: the publish, confirms included, ends by then
+	leaseEnd  time.Time // claim + Lease: after it another relay may claim the messages
 	marked    []bool    // the settler's: messages marked published as their confirms came
 }
 
@@ -26,21 +25,20 @@ type batch struct {
 // lease costs nothing (a lost lease) and may still save a duplicate.
 const settleFloor = 5 * time.Second
 
-// settleBy is when the settle of b gives up: at the end of the lease, but
-// never less than settleFloor from now.
-func (b *batch) settleBy(now time.Time) time.Time {
-	return maxTime(b.leaseEnd, now.Add(settleFloor))
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// settleContext is the context a settle of b starting now runs on, and
+// its deadline: the end of the lease, but never less than settleFloor from
+// now. It runs past ctx's end, so that what the broker confirmed is
+// marked on shutdown.
+func (b *batch) settleContext(ctx context.Context, now time.Time) (context.Context, time.Time, context.CancelFunc) {
+	until := b.leaseEnd
+	if floor := now.Add(settleFloor); floor.After(until) {
+		until = floor
 	}
-	return b
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	return sctx, until, cancel
 }
 
 type result struct {
-	claimed      int
 	brokerFaults int
 	brokerErr    error
 }
@@ -54,11 +52,11 @@ func (r *Relay) claim(ctx context.Context) (*batch, error) {
 		return nil, err
 	}
 	r.stats.batches.Add(1)
-	return &batch{msgs: msgs, claimed: start, publishBy: start.Add(r.cfg.PublishTimeout), leaseEnd: start.Add(r.cfg.Lease)}, nil
+	return &batch{msgs: msgs, publishBy: start.Add(r.cfg.PublishTimeout), leaseEnd: start.Add(r.cfg.Lease)}, nil
 }
 
 // runOnce claims one batch and processes it, in the caller's goroutine:
-// the pipeline's two stages one after the other, for tests of a batch's
+// the pipeline's stages one after the other, for tests of a batch's
 // settling.
 func (r *Relay) runOnce(ctx context.Context) (result, error) {
 	b, err := r.claim(ctx)
@@ -94,8 +92,7 @@ func (r *Relay) markEarly(ctx context.Context, b *batch, ix []int) {
 	if len(msgs) == 0 {
 		return
 	}
-	until := b.settleBy(time.Now())
-	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	sctx, until, cancel := b.settleContext(ctx, time.Now())
 	defer cancel()
 	n, err := r.settle(sctx, until, "marking published", len(msgs), func(ctx context.Context) error {
 		return r.store.MarkPublished(ctx, msgs...)
@@ -110,8 +107,7 @@ func (r *Relay) markEarly(ctx context.Context, b *batch, ix []int) {
 
 // releaseAll gives a batch back without publishing it.
 func (r *Relay) releaseAll(ctx context.Context, b *batch, reason string) {
-	until := b.settleBy(time.Now())
-	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	sctx, until, cancel := b.settleContext(ctx, time.Now())
 	defer cancel()
 	_ = r.release(sctx, until, b.unmarked(), reason)
 }
@@ -170,19 +166,18 @@ func (r *Relay) publishBatch(ctx, drain context.Context, b *batch, report func([
 // the batch's settleBy, so that what the broker confirmed is marked.
 func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	b, msgs, errs, confirmed := o.b, o.b.msgs, o.errs, o.confirmed
-	res := result{claimed: len(msgs)}
+	var res result
 	if o.shutdown {
 		r.releaseAll(ctx, b, ReleasedShutdown)
 		return res, nil
 	}
-	until := b.settleBy(confirmed)
-	settleCtx, cancelSettle := context.WithDeadline(context.WithoutCancel(ctx), until)
+	settleCtx, until, cancelSettle := b.settleContext(ctx, confirmed)
 	defer cancelSettle()
 	if len(errs) != len(msgs) {
 		r.logger.ErrorContext(ctx, "relay: Publisher returned a wrong number of results; releasing the batch",
 			slog.Int("num_messages", len(msgs)), slog.Int("num_results", len(errs)))
 		_ = r.release(settleCtx, until, b.unmarked(), ReleasedBroker)
-		return result{claimed: len(msgs), brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
+		return result{brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
 	var confirmedMsgs, published, broker, notSent []outbox.Message

@@ -6,6 +6,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/pgerr"
 )
 
 // fatal reports whether err ends Run: nothing that happens while it runs
@@ -28,9 +29,8 @@ func permanent(err error) string {
 	if err == nil {
 		return ""
 	}
-	var st interface{ SQLState() string }
-	if errors.As(err, &st) {
-		switch st.SQLState() {
+	if s := pgerr.State(err); s != "" {
+		switch s {
 		case "28P01", "28000":
 			return "PostgreSQL refused the credentials: check the database URL's user and password"
 		case "3D000":

@@ -332,12 +332,12 @@ func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, er
 	r.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
-// sleep waits for d, the end of ctx or a value on one of ws (nil channels
-// never send), whichever comes first, and reports whether a wake-up ended
-// it.
+// sleep waits for d, the end of ctx or a value on w1, w2 or w3 (nil
+// channels never send), whichever comes first, and reports whether a
+// wake-up ended it.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2, w3 <-chan struct{}) bool {
 	if r.sleepHook != nil { // tests
-		r.sleepHook(d, w1 != nil || w2 != nil)
+		r.sleepHook(d, w1 != nil || w2 != nil || w3 != nil)
 		return false
 	}
 	timer := time.NewTimer(d)

@@ -187,19 +187,19 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 // the relay's loop would; one that needs a person (a missing table, a
 // refused password) is returned.
 func probeTable(ctx context.Context, store *outbox.Store, logger *slog.Logger) error {
-	wait := 100 * time.Millisecond
-	for {
+	backoff := outbox.ExponentialBackoff(100*time.Millisecond, 5*time.Second)
+	for attempt := 1; ; attempt++ {
 		_, err := store.Gauges(ctx, 1)
 		if err == nil || relay.Advice(err) != "" || ctx.Err() != nil {
 			return err
 		}
+		wait := backoff(attempt)
 		logger.WarnContext(ctx, "relay: Checking the table failed; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 5*time.Second)
 	}
 }
 
