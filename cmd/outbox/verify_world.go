@@ -1,0 +1,190 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
+	"github.com/acemq/outbox/internal/tcpproxy"
+	"github.com/acemq/outbox/topology"
+)
+
+// declare declares the scratch exchange and its queues (classic, no
+// dead-letter queue: they are removed at the end) with package topology.
+func (v *verifier) declare(ctx context.Context, conn *amqp.Connection) error {
+	queues := []string{v.queue}
+	if v.o.inbox {
+		queues = append(queues, v.queue+".inbox")
+	}
+	t := &topology.Topology{Exchanges: []topology.Exchange{{Name: v.exchange}}}
+	for _, q := range queues {
+		t.Queues = append(t.Queues, topology.Queue{Name: q, Classic: true, NoDeadLetter: true,
+			Bindings: []topology.Binding{{Exchange: v.exchange, Key: "#"}}})
+	}
+	return t.Declare(ctx, conn)
+}
+
+// proxies starts the TCP proxies and returns the relays' URLs through them.
+func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
+	pc, err := pgconn.ParseConfig(v.dbURL)
+	if err != nil {
+		return "", "", err
+	}
+	if strings.HasPrefix(pc.Host, "/") {
+		return "", "", errors.New("the database URL names a Unix socket: verify's proxy needs a TCP host (host=…)")
+	}
+	if v.dbProxy, err = tcpproxy.New(net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port)))); err != nil {
+		return "", "", err
+	}
+	port := v.dbProxy.Addr().Port
+	if strings.Contains(v.dbURL, "://") {
+		u, err := url.Parse(v.dbURL)
+		if err != nil {
+			return "", "", err
+		}
+		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		dbURL = u.String()
+	} else {
+		dbURL = fmt.Sprintf("%s host=127.0.0.1 port=%d", v.dbURL, port) // later keywords win
+	}
+	uri, err := amqp.ParseURI(v.amqpURL)
+	if err != nil {
+		return "", "", err
+	}
+	if v.amqpProxy, err = tcpproxy.New(net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))); err != nil {
+		return "", "", err
+	}
+	uri.Host, uri.Port = "127.0.0.1", v.amqpProxy.Addr().Port
+	return dbURL, uri.String(), nil
+}
+
+// consume records every delivery of the queue: its first arrival, and per
+// key the order of first deliveries.
+func (v *verifier) consume(ctx context.Context, conn *amqp.Connection) (func(), error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Qos(500, 0, false); err != nil {
+		return nil, err
+	}
+	deliveries, err := ch.Consume(v.queue, "", false, false, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for d := range deliveries {
+			now := time.Now()
+			key, _ := d.Headers[outbox.KeyHeader].(string)
+			v.mu.Lock()
+			v.deliveries++
+			if _, seen := v.arrived[d.MessageId]; !seen {
+				v.arrived[d.MessageId] = now
+				v.firstByKey[key] = append(v.firstByKey[key], d.MessageId)
+			}
+			v.mu.Unlock()
+			_ = d.Ack(false)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { _ = ch.Close(); <-done }) }, nil
+}
+
+// consumeInbox consumes the second queue through an inbox whose effect is
+// a row per message.
+func (v *verifier) consumeInbox(ctx context.Context) (func(), error) {
+	if _, err := v.db.ExecContext(ctx, `CREATE TABLE "`+v.table+`_effects" (message_id text NOT NULL)`); err != nil {
+		return nil, err
+	}
+	ib, err := inbox.New(v.db, &inbox.Config{Consumer: "verify", Table: v.table + "_inbox", Logger: v.quiet()})
+	if err != nil {
+		return nil, err
+	}
+	if err := ib.CreateSchemaIfAbsent(ctx); err != nil {
+		return nil, err
+	}
+	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO "`+v.table+`_effects" VALUES ($1)`, d.MessageId)
+		return err
+	}
+	c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: v.queue + ".inbox", Handler: effect, URLs: []string{v.amqpURL}, Logger: v.quiet()})
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(cctx) }()
+	return func() { cancel(); <-done }, nil
+}
+
+// quiet is a logger for verify's own consumer: errors only.
+func (v *verifier) quiet() *slog.Logger {
+	return slog.New(slog.NewTextHandler(v.c.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// write commits one event per transaction at the configured rate, rolling
+// back some on purpose, until end. The end is checked between
+// transactions, never by cancelling one: a COMMIT cut short by a context
+// may still land on the server after the writer gave up on it.
+func (v *verifier) write(ctx context.Context, store *outbox.Store, end time.Time) error {
+	interval := time.Duration(float64(time.Second) / v.o.rate)
+	next := time.Now()
+	for i := 0; time.Now().Before(end); i++ {
+		if d := time.Until(next); d > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		next = next.Add(interval)
+		rollback := mrand.IntN(100) < v.o.rollbackPct
+		tx, err := v.db.BeginTx(ctx, nil)
+		if err != nil {
+			return cmp.Or(ctx.Err(), err)
+		}
+		evt := outbox.Event{Type: "verify.event", Key: fmt.Sprint("key-", i%v.o.keys), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}
+		added, err := store.AddIDs(ctx, tx, evt)
+		if err != nil {
+			_ = tx.Rollback()
+			return cmp.Or(ctx.Err(), err)
+		}
+		id := added[0]
+		v.mu.Lock()
+		v.written++
+		v.mu.Unlock()
+		if rollback {
+			_ = tx.Rollback()
+			v.mu.Lock()
+			v.rolledBack++
+			v.mu.Unlock()
+			continue
+		}
+		if err := tx.Commit(); err != nil {
+			// Unknown whether it committed: the report reads the table.
+			continue
+		}
+		now := time.Now()
+		v.mu.Lock()
+		v.committed[id] = now
+		v.mu.Unlock()
+	}
+	return nil
+}
