@@ -46,6 +46,15 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	if lease < time.Millisecond {
 		return nil, fmt.Errorf("outbox: Claim: lease must be at least 1ms (got %s)", lease)
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return nil, err
+	} else if ls != nil {
+		msgs, err := ls.claim(ctx, db, n, lease)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
+		}
+		return msgs, nil
+	}
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
@@ -95,7 +104,7 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 // marked. Such a message was claimed again by another relay, which may
 // publish it a second time: a duplicate, never a loss.
 func (s *Store) MarkPublished(ctx context.Context, msgs ...Message) error {
-	return s.fenced(ctx, "marking published", s.q.markPublished, msgs)
+	return s.fenced(ctx, "marking published", 'p', s.q.markPublished, msgs)
 }
 
 // Release gives claims back without counting an attempt: the messages can be
@@ -103,18 +112,23 @@ func (s *Store) MarkPublished(ctx context.Context, msgs ...Message) error {
 // publish (shutdown, broker outage). Rows no longer carrying the caller's
 // claim are left alone and reported like MarkPublished does.
 func (s *Store) Release(ctx context.Context, msgs ...Message) error {
-	return s.fenced(ctx, "releasing", s.q.release, msgs)
+	return s.fenced(ctx, "releasing", 'r', s.q.release, msgs)
 }
 
 // fenced runs an UPDATE for the messages of each claim token and reports
 // the messages that matched no row as lost leases.
-func (s *Store) fenced(ctx context.Context, what, query string, msgs []Message) error {
+func (s *Store) fenced(ctx context.Context, what string, kind byte, query string, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	db, err := s.pool()
 	if err != nil {
 		return err
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return err
+	} else if ls != nil {
+		return ls.settle(ctx, db, what, kind, msgs)
 	}
 	var (
 		tokens []string // in order of first appearance
@@ -188,6 +202,11 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	if msg.claimToken == "" {
 		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return err
+	} else if ls != nil {
+		return ls.markFailed(ctx, db, msg, reason)
+	}
 	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax) // a NUL cannot be stored
 	delay := s.backoff(msg.Attempts + 1)
 	var (
@@ -202,9 +221,13 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, err)
 	}
 	if parked {
-		s.logger.WarnContext(ctx, "outbox: Message parked after too many failed attempts",
-			slog.String("table", s.t.full), slog.String("outbox_id", msg.ID), slog.Int("attempts", attempts),
-			slog.String("last_error", truncate(reason, 200)))
+		s.warnParked(ctx, msg.ID, attempts, reason)
 	}
 	return nil
+}
+
+func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason string) {
+	s.logger.WarnContext(ctx, "outbox: Message parked after too many failed attempts",
+		slog.String("table", s.t.full), slog.String("outbox_id", id), slog.Int("attempts", attempts),
+		slog.String("last_error", truncate(reason, 200)))
 }

@@ -22,6 +22,12 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return 0, err
+	} else if ls != nil {
+		c, err := ls.counts(ctx, db, 1<<62)
+		return c.pending(), err
+	}
 	var n int64
 	if err := db.QueryRowContext(ctx, s.q.pending).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: counting pending messages in %s: %w", s.t.full, err)
@@ -60,6 +66,11 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return Stats{}, err
+	} else if ls != nil {
+		return ls.stats(ctx, db)
+	}
 	var (
 		st     Stats
 		oldest float64
@@ -81,6 +92,15 @@ func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("outbox: Parked: limit must be at least 1 (got %d)", limit)
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return nil, err
+	} else if ls != nil {
+		msgs, err := ls.parked(ctx, db, limit)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
+		}
+		return msgs, nil
+	}
 	rows, err := db.QueryContext(ctx, s.q.parked, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
@@ -96,7 +116,7 @@ func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
 // and they can be claimed at once. Ids that are not parked are ignored. It
 // returns how many messages were re-armed.
 func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
-	return s.changeParked(ctx, "Retry", "retrying parked messages", s.q.retry, ids)
+	return s.changeParked(ctx, "Retry", "retrying parked messages", s.q.retry, false, ids)
 }
 
 // Discard gives up on parked messages: they will never be published, and
@@ -107,12 +127,12 @@ func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
 // the published history in time). Ids that are not parked messages are
 // ignored. It returns how many messages were discarded.
 func (s *Store) Discard(ctx context.Context, ids ...string) (int64, error) {
-	return s.changeParked(ctx, "Discard", "discarding parked messages", s.q.discard, ids)
+	return s.changeParked(ctx, "Discard", "discarding parked messages", s.q.discard, true, ids)
 }
 
 // changeParked runs query, Retry's or Discard's, on the parked messages
 // among ids and returns how many it changed.
-func (s *Store) changeParked(ctx context.Context, op, what, query string, ids []string) (int64, error) {
+func (s *Store) changeParked(ctx context.Context, op, what, query string, discard bool, ids []string) (int64, error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, err
@@ -125,6 +145,15 @@ func (s *Store) changeParked(ctx context.Context, op, what, query string, ids []
 			return 0, fmt.Errorf("outbox: %s: %q is not a message id (a UUID)", op, id)
 		}
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return 0, err
+	} else if ls != nil {
+		n, err := ls.changeParked(ctx, db, discard, ids)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
+		}
+		return n, nil
+	}
 	return s.queryCount(ctx, db, what, query, ids)
 }
 
@@ -134,6 +163,15 @@ func (s *Store) RetryAllParked(ctx context.Context) (int64, error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, err
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return 0, err
+	} else if ls != nil {
+		n, err := ls.changeParked(ctx, db, false, nil)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: retrying parked messages in %s: %w", s.t.full, err)
+		}
+		return n, nil
 	}
 	return s.queryCount(ctx, db, "retrying parked messages", s.q.retryAll)
 }
@@ -162,6 +200,11 @@ func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, 0, err
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return 0, 0, err
+	} else if ls != nil {
+		return 0, 0, ls.rotate(ctx, db) // nothing is held in a log table; its bookkeeping is rotated
 	}
 	if s.ordering == OrderedByKey {
 		if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", s.q.hold); err != nil {
@@ -205,6 +248,18 @@ func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Durat
 	if olderThan < 0 {
 		return 0, fmt.Errorf("outbox: PurgePublished: age must not be negative (got %s)", olderThan)
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return 0, err
+	} else if ls != nil {
+		n, err := ls.purge(ctx, db, olderThan, -1)
+		if err != nil {
+			return n, fmt.Errorf("outbox: purging published messages in %s: %w", s.t.full, err)
+		}
+		if progress != nil {
+			progress(n)
+		}
+		return n, nil
+	}
 	var cutoff time.Time
 	if err := db.QueryRowContext(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("outbox: purging %s: %w", s.t.full, err)
@@ -228,6 +283,11 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return err
+	} else if ls != nil {
+		return nil // a table of the log layout exists
+	}
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
@@ -243,6 +303,11 @@ func (s *Store) Purgeable(ctx context.Context, olderThan time.Duration) (int64, 
 	}
 	if olderThan < 0 {
 		return 0, fmt.Errorf("outbox: Purgeable: age must not be negative (got %s)", olderThan)
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return 0, err
+	} else if ls != nil {
+		return ls.purgeable(ctx, db, olderThan)
 	}
 	var n int64
 	if err := db.QueryRowContext(ctx, s.q.purgeable, olderThan.Microseconds()).Scan(&n); err != nil {
@@ -291,6 +356,11 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	if limit < 1 {
 		limit = GaugesLimitDefault
 	}
+	if ls, err := s.logged(ctx); err != nil {
+		return Gauges{}, err
+	} else if ls != nil {
+		return ls.gauges(ctx, db, limit)
+	}
 	g := Gauges{Limit: limit}
 	var oldest float64
 	var waiting int64
@@ -313,6 +383,11 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 	db, err := s.pool()
 	if err != nil {
 		return err
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return err
+	} else if ls != nil {
+		return fmt.Errorf("%w: %s has the log layout, which does not keep per-key order yet: use a table of the rows layout for ordered mode", ErrOrderingUnsafe, s.t.full)
 	}
 	var cache sql.NullInt64
 	err = db.QueryRowContext(ctx, `SELECT s.seqcache FROM pg_attribute AS a

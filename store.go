@@ -159,7 +159,8 @@ type Store struct {
 	ordering      Ordering
 	newID         func() (uuid.UUID, error) // uuid.NewV7; tests skew its clock
 
-	q       queries
+	q queries
+	layoutState
 	inserts [insertChunk + 1]string // INSERT text by row count, built on first use
 	insMu   sync.Mutex
 }

@@ -28,6 +28,12 @@ type testBundle struct {
 // setup gives the test its own outbox table on the shared pool.
 func setup(t *testing.T, cfg *outbox.StoreConfig) *testBundle {
 	t.Helper()
+	return setupWith(t, cfg, (*outbox.Store).CreateSchemaIfAbsent)
+}
+
+// setupWith is setup that creates the table with create.
+func setupWith(t *testing.T, cfg *outbox.StoreConfig, create func(*outbox.Store, context.Context) error) *testBundle {
+	t.Helper()
 	db := dbtest.DB(t)
 	if cfg == nil {
 		cfg = &outbox.StoreConfig{}
@@ -36,7 +42,7 @@ func setup(t *testing.T, cfg *outbox.StoreConfig) *testBundle {
 	cfg.Table = dbtest.Table(t)
 	store, err := outbox.NewStore(db, cfg)
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	require.NoError(t, create(store, context.Background()))
 	return &testBundle{db: db, table: cfg.Table, store: store}
 }
 

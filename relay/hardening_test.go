@@ -51,7 +51,7 @@ func poisonTest(t *testing.T, poison func(b *testBundle) string, pub func() *rel
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 30 }, 30*time.Second, 20*time.Millisecond)
 	var id, lastError string
 	var attempts int
-	require.NoError(t, b.db.QueryRow(`SELECT id, last_error, attempts FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&id, &lastError, &attempts))
+	require.NoError(t, b.db.QueryRow(`SELECT id, last_error, attempts FROM `+b.messages(t)+` WHERE parked_at IS NOT NULL`).Scan(&id, &lastError, &attempts))
 	require.Equal(t, bad, id)
 	require.Equal(t, 3, attempts)
 	require.Contains(t, lastError, wantReason)

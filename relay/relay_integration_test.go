@@ -47,7 +47,11 @@ func setupFunc(t testing.TB, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bi
 	db := dbtest.DB(t)
 	store, err := outbox.NewStore(db, cfg)
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	if cfg.Ordering == outbox.Unordered && dbtest.LogLayout() {
+		require.NoError(t, store.CreateLogSchemaIfAbsent(context.Background()))
+	} else {
+		require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	}
 	return &testBundle{db: db, store: store, top: top, consumer: amqptest.ConsumeFunc(t, conn, top.Queue, fn)}
 }
 
@@ -88,7 +92,20 @@ func (b *testBundle) ids(t testing.TB, where string) map[string]bool {
 
 func (b *testBundle) count(t testing.TB, where string) int64 {
 	t.Helper()
-	return dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.store.Table()+`" WHERE `+where)
+	return dbtest.Count(t, b.db, `SELECT count(*) FROM `+b.messages(t)+` WHERE `+where)
+}
+
+// messages names the relation that shows every message with its state:
+// the table itself in the rows layout, its _messages view in the log
+// layout.
+func (b *testBundle) messages(t testing.TB) string {
+	t.Helper()
+	l, err := b.store.Layout(context.Background())
+	require.NoError(t, err)
+	if l == outbox.LayoutLog {
+		return `"` + b.store.Table() + `_messages"`
+	}
+	return `"` + b.store.Table() + `"`
 }
 
 func (b *testBundle) pending(t testing.TB) int64 {
@@ -198,7 +215,7 @@ func TestUnroutableMessageFailsAndParks(t *testing.T) {
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 19 }, 30*time.Second, 20*time.Millisecond)
 	var lastError string
 	var attempts int
-	require.NoError(t, b.db.QueryRow(`SELECT last_error, attempts FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError, &attempts))
+	require.NoError(t, b.db.QueryRow(`SELECT last_error, attempts FROM `+b.messages(t)+` WHERE parked_at IS NOT NULL`).Scan(&lastError, &attempts))
 	require.Contains(t, lastError, "unroutable")
 	require.Contains(t, lastError, `routing key "nowhere.at.all"`)
 	require.Equal(t, 3, attempts)
@@ -225,7 +242,7 @@ func TestMissingExchangeFailsAndChannelRecovers(t *testing.T) {
 	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 29 }, 30*time.Second, 20*time.Millisecond)
 	var lastError string
-	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM `+b.messages(t)+` WHERE parked_at IS NOT NULL`).Scan(&lastError))
 	require.Contains(t, lastError, fmt.Sprintf("exchange %q does not exist", missing))
 	require.EqualValues(t, 0, b.count(t, "published_at IS NOT NULL AND attempts > 0"),
 		"messages that shared the closed channel are published again, not failed")
@@ -350,7 +367,7 @@ func TestOversizedMessage(t *testing.T) {
 		require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
 		require.Eventually(t, func() bool { return b.consumer.Distinct() == 9 }, 30*time.Second, 20*time.Millisecond)
 		var lastError string
-		require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+		require.NoError(t, b.db.QueryRow(`SELECT last_error FROM `+b.messages(t)+` WHERE parked_at IS NOT NULL`).Scan(&lastError))
 		require.Contains(t, lastError, "message body is 102400 bytes, larger than the 65536 bytes the broker accepts")
 	})
 
@@ -370,7 +387,7 @@ func TestOversizedMessage(t *testing.T) {
 		require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
 		require.Eventually(t, func() bool { return b.consumer.Distinct() == 9 }, 30*time.Second, 20*time.Millisecond)
 		var lastError string
-		require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+		require.NoError(t, b.db.QueryRow(`SELECT last_error FROM `+b.messages(t)+` WHERE parked_at IS NOT NULL`).Scan(&lastError))
 		require.Contains(t, lastError, "larger than the 1048576 bytes the broker accepts (its max_message_size, learned from a refusal)")
 		require.EqualValues(t, 0, b.count(t, "published_at IS NOT NULL AND attempts > 0"))
 	})
@@ -459,7 +476,7 @@ func TestUnsendableRowDoesNotBlock(t *testing.T) {
 	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 20 }, 30*time.Second, 20*time.Millisecond)
 	var lastError string
-	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM "`+b.store.Table()+`" WHERE parked_at IS NOT NULL`).Scan(&lastError))
+	require.NoError(t, b.db.QueryRow(`SELECT last_error FROM `+b.messages(t)+` WHERE parked_at IS NOT NULL`).Scan(&lastError))
 	require.Equal(t, "the routing key is 300 bytes; AMQP allows at most 255", lastError)
 }
 

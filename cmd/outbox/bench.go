@@ -30,6 +30,7 @@ type benchOptions struct {
 	published, pending, blocked                                                     int
 	rate                                                                            float64
 	notify, noWake, ordered, claims, relayProcess, holdSnapshot                     bool
+	layout                                                                          string
 	databaseURL                                                                     string // for --relay-process
 }
 
@@ -62,6 +63,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.published, "published", 1_000_000, "with --claims: published rows of history")
 	c.fs.IntVar(&o.pending, "pending", 100_000, "with --claims: messages waiting")
 	c.fs.IntVar(&o.blocked, "blocked", 0, "with --claims: also measure ordered claims with one key blocked by a parked message and this many of its messages written after it, before and after Store.Reconcile sets them aside")
+	c.fs.StringVar(&o.layout, "layout", "rows", "the scratch table's layout: rows or log (see `outbox schema --layout`)")
 	cpuProfile := c.fs.String("cpuprofile", "", "write a CPU profile of the bench process (writers, relay and consumer) to this file")
 	if err := c.parse(args); err != nil {
 		return err
@@ -102,6 +104,12 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if o.keys > 0 && o.rate > 0 {
 		return c.usageError("--keys goes with --rate 0 (the latency runs tell messages apart by their keys)")
 	}
+	if o.layout != "rows" && o.layout != "log" {
+		return c.usageError("--layout must be rows or log (got %q)", o.layout)
+	}
+	if o.layout == "log" && (o.ordered || o.claims) {
+		return c.usageError("--layout log does not keep per-key order yet: leave out --ordered and --claims")
+	}
 	if o.ackEvery > o.prefetch {
 		return c.usageError("--ack-every (%d) must not exceed --prefetch (%d), or the consumer stalls", o.ackEvery, o.prefetch)
 	}
@@ -128,10 +136,14 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
+	create := store.CreateSchemaIfAbsent
+	if o.layout == "log" {
+		create = store.CreateLogSchemaIfAbsent
+	}
+	if err := create(ctx); err != nil {
 		return err
 	}
-	defer db.ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS "`+c.table+`"`) //nolint:errcheck
+	defer db.ExecContext(context.WithoutCancel(ctx), dropScratch(c.table)) //nolint:errcheck
 	if o.claims {
 		return claims(ctx, c, o, db)
 	}
@@ -173,8 +185,8 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	var pgVersion string
 	_ = db.QueryRowContext(ctx, "SHOW server_version").Scan(&pgVersion)
 	rmqVersion, _ := conn.Properties["version"].(string)
-	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
-		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
+	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %s layout; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
+		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.layout, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
 
 	bench := &bencher{o: o, db: db, store: store, orderedStore: ordered, conn: conn, urls: urls, exchange: exchange, queue: queue, table: c.table,
 		payload: []byte(`"` + strings.Repeat("x", max(o.size-2, 0)) + `"`), stderr: c.stderr}
@@ -396,7 +408,7 @@ func (b *bencher) write(ctx context.Context, store *outbox.Store, keys []string)
 // their key. The bench writes from one goroutine, so the ids (UUIDv7,
 // monotonic in a process) follow the order of writing.
 func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, int, error) {
-	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
+	if _, err := b.db.ExecContext(ctx, b.truncateSQL()); err != nil {
 		return 0, 0, err
 	}
 	for from := 0; from < b.o.messages; from += b.o.perTx {

@@ -52,7 +52,7 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 // the first.
 func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Duration, error) {
 	var fifths [2]time.Duration
-	if _, err := b.db.ExecContext(ctx, `TRUNCATE "`+b.table+`"`); err != nil {
+	if _, err := b.db.ExecContext(ctx, b.truncateSQL()); err != nil {
 		return nil, fifths, err
 	}
 	b.deadBefore = b.deadTuples(ctx) // PostgreSQL's count runs on across a TRUNCATE

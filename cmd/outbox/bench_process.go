@@ -80,8 +80,24 @@ func holdSnapshot(ctx context.Context, db *sql.DB) (release func(), err error) {
 
 // deadTuples returns PostgreSQL's count of the table's dead row versions
 // (its statistics lag behind by up to a second or so).
+// In the log layout, the events table's are those of its partitions.
 func (b *bencher) deadTuples(ctx context.Context) int64 {
 	var n int64
-	_ = b.db.QueryRowContext(ctx, `SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relname = $1`, b.table).Scan(&n)
+	_ = b.db.QueryRowContext(ctx, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+WHERE relid = to_regclass($1) OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))`, b.table).Scan(&n)
 	return n
+}
+
+// truncateSQL empties the scratch table before a run: in the log layout,
+// with its bookkeeping.
+func (b *bencher) truncateSQL() string {
+	if b.o.layout == "log" {
+		return fmt.Sprintf(`TRUNCATE "%[1]s", "%[1]s_batch", "%[1]s_settle", "%[1]s_failed"`, b.table)
+	}
+	return `TRUNCATE "` + b.table + `"`
+}
+
+// dropScratch drops the scratch table of either layout.
+func dropScratch(table string) string {
+	return fmt.Sprintf(`DROP VIEW IF EXISTS "%[1]s_messages"; DROP TABLE IF EXISTS "%[1]s", "%[1]s_batch", "%[1]s_settle", "%[1]s_failed", "%[1]s_log"`, table)
 }

@@ -258,12 +258,32 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("schema", x, outbox.TableDefault)
 	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
 	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
+	layout := c.fs.String("layout", "rows", "rows: one row per message, updated as it is claimed and published (the only layout that keeps per-key order so far); log: events only ever inserted, relaying leaves no dead tuples, history truncated by partition (see README)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	ddl, err := outbox.Schema(c.table)
+	var (
+		ddl  string
+		err  error
+		want outbox.Layout
+	)
+	switch *layout {
+	case "rows":
+		ddl, err = outbox.Schema(c.table)
+		want = outbox.LayoutRows
+	case "log":
+		ddl, err = outbox.LogSchema(c.table)
+		want = outbox.LayoutLog
+	default:
+		return c.usageError("--layout must be rows or log (got %q)", *layout)
+	}
 	if err != nil {
 		return err
+	}
+	if *apply {
+		if err := c.checkLayout(ctx, want); err != nil {
+			return err
+		}
 	}
 	if *notify {
 		more, err := outbox.NotifySchema(c.table)
@@ -273,6 +293,32 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 		ddl += "\n" + more
 	}
 	return c.printOrApply(ctx, ddl, *apply)
+}
+
+// checkLayout refuses to apply the DDL of one layout to an existing table
+// of another.
+func (c *common) checkLayout(ctx context.Context, want outbox.Layout) error {
+	db, err := c.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", c.table).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table})
+	if err != nil {
+		return err
+	}
+	have, err := store.Layout(ctx)
+	if err != nil {
+		return err
+	}
+	if have != want {
+		return fmt.Errorf("table %s exists with the %s layout: this is the DDL of the %s layout (--layout %s)", c.table, have, want, have)
+	}
+	return nil
 }
 
 // printOrApply prints ddl, or runs it in the database when apply is set.

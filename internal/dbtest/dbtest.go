@@ -108,7 +108,7 @@ func Table(tb testing.TB) string {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+table+`"`); err != nil {
+		if _, err := db.ExecContext(ctx, `DROP VIEW IF EXISTS "`+table+`_messages"; DROP TABLE IF EXISTS "`+table+`", "`+table+`_batch", "`+table+`_settle", "`+table+`_failed", "`+table+`_log"`); err != nil {
 			tb.Errorf("dbtest: dropping %s: %v", table, err)
 		}
 	})
@@ -330,3 +330,7 @@ func AwaitAdvisoryWait(tb testing.TB, db *sql.DB, pid int) {
 // Buffer is a bytes.Buffer that a test can read while another goroutine
 // (a relay, a command's logger) writes to it.
 type Buffer = syncbuf.Buffer
+
+// LogLayout says whether OUTBOX_TEST_LAYOUT=log asks the suites to run
+// their unordered tests on tables of the log layout.
+func LogLayout() bool { return os.Getenv("OUTBOX_TEST_LAYOUT") == "log" }

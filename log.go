@@ -1,0 +1,323 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/acemq/outbox/internal/pgschema"
+)
+
+// Layout is how an outbox table keeps its messages. It is a property of the
+// table, recorded in the database when the table is created: every Store on
+// the table finds it there, and no configuration chooses it.
+type Layout int
+
+const (
+	// LayoutRows keeps one row per message and updates it as the message is
+	// claimed, published, failed or parked. It is what Schema and the
+	// embedded migrations create, and the only layout that keeps per-key
+	// order (StoreConfig.Ordering) so far.
+	LayoutRows Layout = iota + 1
+
+	// LayoutLog only ever inserts events: what relays took, published or
+	// failed is recorded in small tables beside it (batches, settles,
+	// failures), and history goes away by truncating whole partitions,
+	// never by DELETE or UPDATE. Relaying leaves no dead tuples in the
+	// table that holds the events, so claims do not slow down while
+	// VACUUM is held back (by a long report query, say). Created by
+	// LogSchema (`outbox schema --layout log`). Unordered only, for now.
+	LayoutLog
+)
+
+// String returns "rows" or "log".
+func (l Layout) String() string {
+	switch l {
+	case LayoutRows:
+		return "rows"
+	case LayoutLog:
+		return "log"
+	}
+	return fmt.Sprintf("Layout(%d)", int(l))
+}
+
+// Log layout sizes: the events table has logParts partitions, each holding
+// logChunk consecutive seq numbers at a time, in rotation; the batch and
+// settle tables have logParts partitions of logBatchChunk batch ids.
+const (
+	logChunkDefault      = 1_000_000
+	logPartsDefault      = 16
+	logBatchChunkDefault = 4096
+	logBatchParts        = 4
+	logVersion           = 1
+)
+
+// logTables names the objects of a table of LayoutLog.
+type logTables struct {
+	meta, batch, settle, failed, seq, view string // quoted, qualified
+	chunk, parts, batchChunk               int64
+}
+
+func (t table) logTables() logTables {
+	return logTables{
+		meta: t.qualified(t.name + "_log"), batch: t.qualified(t.name + "_batch"), settle: t.qualified(t.name + "_settle"),
+		failed: t.qualified(t.name + "_failed"), seq: t.qualified(t.name + "_seq"), view: t.qualified(t.name + "_messages"),
+		chunk: logChunkDefault, parts: logPartsDefault, batchChunk: logBatchChunkDefault,
+	}
+}
+
+// LogSchema returns the DDL that creates an outbox table of LayoutLog: the
+// events table, partitioned in rotation by seq; the batch and settle
+// tables, where relays record what they took and what became of it; the
+// failed table, which keeps a copy of every message that failed, with its
+// attempts, until it is published or discarded; and the table that marks
+// the layout. Every statement is idempotent.
+func LogSchema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return t.logSQL(t.logTables()), nil
+}
+
+func (t table) logSQL(l logTables) string {
+	var parts, bparts strings.Builder
+	for i := int64(0); i < l.parts; i++ {
+		fmt.Fprintf(&parts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)), t.quoted, i)
+	}
+	for i := int64(0); i < logBatchParts; i++ {
+		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i)), l.batch, i)
+		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i)), l.settle, i)
+	}
+	r := strings.NewReplacer("{table}", t.quoted, "{name}", t.name, "{seq}", l.seq, "{seqname}", strings.ReplaceAll(l.seq, "'", "''"),
+		"{meta}", l.meta, "{view}", l.view, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
+		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
+		"{partitions}", parts.String(), "{bpartitions}", bparts.String(), "{version}", fmt.Sprint(logVersion))
+	return r.Replace(`-- An outbox table of the log layout: events are only ever inserted.
+CREATE SEQUENCE IF NOT EXISTS {seq};
+
+-- tx is the writing transaction's id: relays take what became visible
+-- between two snapshots, so a transaction that commits late is never
+-- skipped, whatever seq it drew. The partition of a row is its chunk of
+-- {chunk} seq numbers, in rotation over {parts} partitions: history goes
+-- away by TRUNCATE of a partition every message of which is settled.
+CREATE TABLE IF NOT EXISTS {table} (
+    id           uuid        NOT NULL,
+    seq          bigint      NOT NULL DEFAULT nextval('{seqname}'),
+    tx           xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    event_type   text        NOT NULL,
+    event_key    text        NOT NULL DEFAULT '',
+    exchange     text        NOT NULL DEFAULT '',
+    routing_key  text        NOT NULL DEFAULT '',
+    payload      bytea       NOT NULL,
+    content_type text        NOT NULL DEFAULT 'application/json',
+    headers      jsonb       NOT NULL DEFAULT '{}',
+    created_at   timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (((seq / {chunk}) % {parts}));
+ALTER SEQUENCE {seq} OWNED BY {table}.seq;
+{partitions}
+-- Relays read the events of a window of transactions in this order.
+CREATE INDEX IF NOT EXISTS "{name}_tx_idx" ON {table} (tx, seq);
+-- Purges find the partitions with nothing younger than their cutoff.
+CREATE INDEX IF NOT EXISTS "{name}_created_idx" ON {table} USING brin (created_at);
+-- Operators find a message by id.
+CREATE INDEX IF NOT EXISTS "{name}_id_idx" ON {table} (id);
+
+-- One row per claim, never updated: which window of transactions
+-- (between snapshots lo and hi) and which part of it ((after, last] in
+-- the order of tx, seq) a relay took, under which lease. A batch whose
+-- lease ran out is claimed again under the next gen.
+CREATE TABLE IF NOT EXISTS {batch} (
+    batch_id    bigint      NOT NULL,
+    gen         integer     NOT NULL,
+    lo          pg_snapshot NOT NULL,
+    hi          pg_snapshot NOT NULL,
+    after_tx    xid8        NOT NULL,
+    after_seq   bigint      NOT NULL,
+    last_tx     xid8        NOT NULL,
+    last_seq    bigint      NOT NULL,
+    n           integer     NOT NULL,
+    more        boolean     NOT NULL,
+    token       uuid        NOT NULL,
+    lease_until timestamptz NOT NULL,
+    claimed_at  timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (((batch_id / {bchunk}) % {bparts}));
+CREATE INDEX IF NOT EXISTS "{name}_batch_idx" ON {batch} (batch_id, gen);
+
+-- What became of the messages of a batch, never updated: published (p),
+-- failed (f, then kept in the failed table) or released (r).
+CREATE TABLE IF NOT EXISTS {settle} (
+    batch_id bigint      NOT NULL,
+    gen      integer     NOT NULL,
+    kind     "char"      NOT NULL,
+    seqs     bigint[]    NOT NULL,
+    at       timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (((batch_id / {bchunk}) % {bparts}));
+{bpartitions}CREATE INDEX IF NOT EXISTS "{name}_settle_idx" ON {settle} (batch_id, gen);
+
+-- Messages that failed at least once: a copy of the event and its attempts,
+-- backoff and claim, until it is published or discarded. Its rows change
+-- with failures, never with the traffic.
+CREATE TABLE IF NOT EXISTS {failed} (
+    id            uuid        PRIMARY KEY,
+    seq           bigint      NOT NULL,
+    event_type    text        NOT NULL,
+    event_key     text        NOT NULL,
+    exchange      text        NOT NULL,
+    routing_key   text        NOT NULL,
+    payload       bytea       NOT NULL,
+    content_type  text        NOT NULL,
+    headers       jsonb       NOT NULL,
+    created_at    timestamptz NOT NULL,
+    attempts      integer     NOT NULL,
+    last_error    text,
+    available_at  timestamptz NOT NULL,
+    claimed_until timestamptz,
+    claim_token   uuid,
+    parked_at     timestamptz,
+    published_at  timestamptz,
+    discarded_at  timestamptz
+);
+CREATE INDEX IF NOT EXISTS "{name}_failed_due_idx" ON {failed} (available_at)
+    WHERE published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL;
+
+-- Every event with its state, in the columns of the rows layout, for
+-- operators and tests: what became of a message. It reads the settle
+-- table for each event: use it to look, not in a hot path.
+CREATE OR REPLACE VIEW {view} AS
+SELECT o.id, o.seq, o.tx, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
+    coalesce(f.available_at, o.created_at) AS available_at,
+    coalesce(f.attempts, 0) AS attempts,
+    f.last_error,
+    CASE WHEN f.id IS NOT NULL THEN f.claimed_until ELSE c.lease_until END AS claimed_until,
+    CASE WHEN f.id IS NOT NULL THEN f.claim_token ELSE c.token END AS claim_token,
+    CASE WHEN f.id IS NOT NULL THEN coalesce(f.published_at, f.discarded_at)
+         ELSE (SELECT min(s.at) FROM {settle} AS s WHERE s.kind = 'p' AND s.seqs @> ARRAY[o.seq]) END AS published_at,
+    f.parked_at,
+    f.discarded_at,
+    false AS held
+FROM {table} AS o
+LEFT JOIN {failed} AS f ON f.id = o.id
+LEFT JOIN LATERAL (
+    SELECT b.lease_until, b.token FROM {batch} AS b
+    WHERE pg_visible_in_snapshot(o.tx, b.hi) AND NOT pg_visible_in_snapshot(o.tx, b.lo)
+      AND (o.tx, o.seq) > (b.after_tx, b.after_seq) AND (o.tx, o.seq) <= (b.last_tx, b.last_seq)
+      AND NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)
+      AND NOT EXISTS (SELECT 1 FROM {settle} AS s WHERE s.batch_id = b.batch_id AND s.seqs @> ARRAY[o.seq] AND s.kind IN ('p', 'f', 'r'))
+    LIMIT 1) AS c ON true;
+
+-- Marks the table as one of the log layout, and its sizes.
+CREATE TABLE IF NOT EXISTS {meta} (
+    version     integer NOT NULL,
+    chunk       bigint  NOT NULL,
+    parts       integer NOT NULL,
+    batch_chunk bigint  NOT NULL,
+    batch_parts integer NOT NULL
+);
+INSERT INTO {meta} (version, chunk, parts, batch_chunk, batch_parts)
+SELECT {version}, {chunk}, {parts}, {bchunk}, {bparts} WHERE NOT EXISTS (SELECT 1 FROM {meta});
+`)
+}
+
+// CreateLogSchemaIfAbsent creates the table as one of LayoutLog (see
+// LogSchema) if it does not exist yet. Like CreateSchemaIfAbsent, it is
+// meant for development and tests.
+func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.logSQL(s.t.logTables())); err != nil {
+		return fmt.Errorf("outbox: creating log schema of %s: %w", s.t.full, err)
+	}
+	s.layoutMu.Lock()
+	s.layoutKnown = 0
+	s.layoutMu.Unlock()
+	return nil
+}
+
+// layoutState caches the layout of a Store's table, read once from the
+// database.
+type layoutState struct {
+	layoutMu    sync.Mutex
+	layoutKnown Layout
+	log         *logStore
+}
+
+// Layout reads the table's layout from the database: LayoutLog when the
+// table has the log layout's marker, LayoutRows when it has the columns of
+// the rows layout. A table that is neither is refused with an error
+// wrapping ErrInvalidTable; a missing table with one that says so.
+func (s *Store) Layout(ctx context.Context) (Layout, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	s.layoutMu.Lock()
+	defer s.layoutMu.Unlock()
+	if s.layoutKnown != 0 {
+		return s.layoutKnown, nil
+	}
+	l := s.t.logTables()
+	var (
+		kind           sql.NullString
+		rows, hasMeta  bool
+		version, parts sql.NullInt64
+		chunk, bchunk  sql.NullInt64
+	)
+	err = db.QueryRowContext(ctx, `SELECT c.relkind::text,
+	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'published_at' AND NOT attisdropped),
+	to_regclass($2) IS NOT NULL
+FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.oid`, s.t.quoted, l.meta).Scan(&kind, &rows, &hasMeta)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+	}
+	switch {
+	case !kind.Valid:
+		return 0, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or StoreConfig's CreateSchemaIfAbsent)", s.t.full)
+	case hasMeta && kind.String == "p":
+		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk FROM "+l.meta+" LIMIT 1").Scan(&version, &chunk, &parts, &bchunk)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+		}
+		if !version.Valid || version.Int64 != logVersion {
+			return 0, fmt.Errorf("%w: %s has the log layout of version %d, which this version of the library (log layout %d) does not know",
+				ErrInvalidTable, s.t.full, version.Int64, logVersion)
+		}
+		l.chunk, l.parts, l.batchChunk = chunk.Int64, parts.Int64, bchunk.Int64
+		s.log = newLogStore(s, l)
+		s.layoutKnown = LayoutLog
+	case rows && kind.String == "r":
+		s.layoutKnown = LayoutRows
+	default:
+		return 0, fmt.Errorf("%w: %s is neither an outbox table of the rows layout (no published_at column) nor one of the log layout (no %s table): is it an outbox table?",
+			ErrInvalidTable, s.t.full, l.meta)
+	}
+	return s.layoutKnown, nil
+}
+
+// logged returns the log store when the table has LayoutLog, nil for the
+// rows layout; a table that cannot be read falls through to the rows
+// layout's statements, whose errors say what is wrong.
+func (s *Store) logged(ctx context.Context) (*logStore, error) {
+	if s.db == nil {
+		return nil, nil
+	}
+	l, err := s.Layout(ctx)
+	if err != nil {
+		if errors.Is(err, ErrInvalidTable) {
+			return nil, err
+		}
+		return nil, nil
+	}
+	if l == LayoutLog {
+		return s.log, nil
+	}
+	return nil, nil
+}
+
+// lockKey is the advisory lock that serialises the claims of a log table.
+func (l logTables) lockKey() string { return "outbox:claim:" + l.batch }

@@ -1,0 +1,389 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// How a table of LayoutLog hands out its events.
+//
+// Writers only insert. Each event carries tx, the id of the transaction
+// that wrote it. A claim takes a window of transactions: those visible in
+// snapshot hi and not in snapshot lo, where lo is the previous window's hi.
+// Every committed transaction is in exactly one window (the first whose hi
+// sees it), whatever seq it drew and however late it committed, so no
+// event is skipped: a cursor over seq or time would skip a transaction
+// that drew its number before another and committed after it. Within a
+// window the events go out in the order of (tx, seq), batch by batch; a
+// batch row records the window and the part of it taken, (after, last].
+//
+// Claims of a table are serialised by a transaction-scoped advisory lock;
+// they are short (a few index probes and one insert). Nothing is updated:
+// a settle is a row in the settle table, a batch taken over after its lease
+// is a new batch row of the next gen, and a message that fails is copied to
+// the failed table, from which later attempts take it.
+
+// logStore is a Store's relay-side half on a table of LayoutLog.
+type logStore struct {
+	s *Store
+	l logTables
+
+	claimSQL, reclaimSQL, unfinishedSQL, failedClaimSQL string
+
+	mu       sync.Mutex
+	low      int64     // no batch below it is unfinished, as far as this store has seen
+	nextScan time.Time // when to look for batches to take over
+
+	nextMaintain time.Time // when to rotate partitions
+}
+
+const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at`
+
+func newLogStore(s *Store, l logTables) *logStore {
+	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns)
+	ls := &logStore{s: s, l: l}
+	// The window (lo, hi] after (after_tx, after_seq): the transactions
+	// still running at lo, then those that started after it, each part
+	// read in index order; $5 is one more than the batch, to know whether
+	// the window has more.
+	ls.claimSQL = r.Replace(`WITH w AS (
+	(SELECT o.* FROM {table} AS o
+	 WHERE o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))) AND (o.tx, o.seq) > ($3::xid8, $4::bigint)
+	   AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
+	 ORDER BY o.tx, o.seq LIMIT $5)
+	UNION ALL
+	(SELECT o.* FROM {table} AS o
+	 WHERE o.tx >= pg_snapshot_xmax($1::pg_snapshot) AND o.tx < pg_snapshot_xmax($2::pg_snapshot) AND (o.tx, o.seq) > ($3::xid8, $4::bigint)
+	   AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
+	 ORDER BY o.tx, o.seq LIMIT $5)
+), f AS (SELECT * FROM w ORDER BY tx, seq LIMIT $5),
+r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,
+	sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.tx, f.seq) AS run FROM f)
+SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key,
+	CASE WHEN o.rn > 1 AND o.run > $6 THEN NULL ELSE o.payload END, o.content_type, o.headers, o.created_at,
+	o.tx::text, o.rn > 1 AND o.run > $6
+FROM r AS o ORDER BY o.tx, o.seq`)
+	// The messages of batch $1 that no gen published or failed.
+	ls.reclaimSQL = r.Replace(`SELECT {columns}, o.tx::text, false FROM {table} AS o
+WHERE (o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($2::pg_snapshot))) OR (o.tx >= pg_snapshot_xmax($2::pg_snapshot) AND o.tx < pg_snapshot_xmax($3::pg_snapshot)))
+  AND pg_visible_in_snapshot(o.tx, $3::pg_snapshot)
+  AND (o.tx, o.seq) > ($4::xid8, $5::bigint) AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
+  AND o.seq <> ALL(ARRAY(SELECT unnest(d.seqs) FROM {settle} AS d WHERE d.batch_id = $1 AND d.kind IN ('p', 'f')))
+ORDER BY o.tx, o.seq`)
+	// The latest gen of each batch from $1 on, with what was settled of it.
+	ls.unfinishedSQL = r.Replace(`SELECT b.batch_id, b.gen, b.n, b.lo::text, b.hi::text, b.after_tx::text, b.after_seq, b.last_tx::text, b.last_seq, b.more,
+	b.lease_until < now()
+	OR EXISTS (SELECT 1 FROM {settle} AS r WHERE r.batch_id = b.batch_id AND r.gen = b.gen AND r.kind = 'r'),
+	(SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f'))
+FROM {batch} AS b
+WHERE b.batch_id >= $1 AND NOT EXISTS (SELECT 1 FROM {batch} AS l WHERE l.batch_id = b.batch_id AND l.gen > b.gen)
+ORDER BY b.batch_id LIMIT 20000`)
+	ls.failedClaimSQL = r.Replace(`UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
+WHERE o.id IN (SELECT id FROM {failed}
+	WHERE available_at <= now() AND published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL
+	  AND (claimed_until IS NULL OR claimed_until < now())
+	ORDER BY available_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
+	o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at`)
+	return ls
+}
+
+// batchRef is the claim of a message taken in a batch, "b:<batch>:<gen>",
+// or of one taken from the failed table, "f:<token>".
+type batchRef struct {
+	batch int64
+	gen   int
+	token string // of a failed message's claim
+}
+
+func parseRef(s string) (batchRef, bool) {
+	if tok, ok := strings.CutPrefix(s, "f:"); ok {
+		return batchRef{token: tok}, true
+	}
+	rest, ok := strings.CutPrefix(s, "b:")
+	if !ok {
+		return batchRef{}, false
+	}
+	b, g, ok := strings.Cut(rest, ":")
+	if !ok {
+		return batchRef{}, false
+	}
+	batch, err1 := strconv.ParseInt(b, 10, 64)
+	gen, err2 := strconv.Atoi(g)
+	if err1 != nil || err2 != nil {
+		return batchRef{}, false
+	}
+	return batchRef{batch: batch, gen: gen}, true
+}
+
+func (r batchRef) String() string {
+	if r.token != "" {
+		return "f:" + r.token
+	}
+	return fmt.Sprintf("b:%d:%d", r.batch, r.gen)
+}
+
+// batchRow is a row of the batch table.
+type batchRow struct {
+	id                int64
+	gen, n            int
+	lo, hi            string
+	afterTx, lastTx   string
+	afterSeq, lastSeq int64
+	more              bool
+}
+
+func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) (msgs []Message, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
+		return nil, err
+	}
+	if msgs, err = ls.claimFailed(ctx, tx, n, lease); err != nil {
+		return nil, err
+	}
+	if len(msgs) < n && ls.scanDue() {
+		more, err := ls.takeOver(ctx, tx, n-len(msgs), len(msgs) == 0, lease)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, more...)
+	}
+	if len(msgs) < n {
+		more, err := ls.claimNew(ctx, tx, n-len(msgs), lease)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, more...)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	if ls.maintainDue() {
+		if err := ls.maintain(ctx, db); err != nil && ctx.Err() == nil {
+			ls.s.logger.WarnContext(ctx, "outbox: Rotating the partitions of a log table failed; trying again in a second",
+				slog.String("table", ls.s.t.full), slog.Any("error", err))
+		}
+	}
+	return msgs, nil
+}
+
+// maintainDue says whether this claim keeps the rotation going: every
+// second.
+func (ls *logStore) maintainDue() bool { return ls.due(&ls.nextMaintain, time.Second) }
+
+// scanDue says whether this claim looks for batches to take over: at most
+// every 250ms, and at once after a release in this process.
+func (ls *logStore) scanDue() bool { return ls.due(&ls.nextScan, 250*time.Millisecond) }
+
+// due says whether the time *next has come, and if so sets it every later.
+func (ls *logStore) due(next *time.Time, every time.Duration) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	now := time.Now()
+	if now.Before(*next) {
+		return false
+	}
+	*next = now.Add(every)
+	return true
+}
+
+func (ls *logStore) scanSoon() {
+	ls.mu.Lock()
+	ls.nextScan = time.Time{}
+	ls.mu.Unlock()
+}
+
+func (ls *logStore) claimFailed(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) ([]Message, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	return scanMessages(rows, batchRef{token: token.String()}.String())
+}
+
+// takeOver claims again the first batch whose lease ran out or that was
+// released, if its messages fit in n (or whatever its size when alone),
+// and moves the store's low-water mark past finished batches.
+func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool, lease time.Duration) ([]Message, error) {
+	ls.mu.Lock()
+	low := ls.low
+	ls.mu.Unlock()
+	rows, err := tx.QueryContext(ctx, ls.unfinishedSQL, low)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		cand    *batchRow
+		newLow  int64 = -1
+		lastID  int64
+		scanned int
+	)
+	for rows.Next() {
+		var (
+			b    batchRow
+			due  bool
+			done int
+		)
+		if err := rows.Scan(&b.id, &b.gen, &b.n, &b.lo, &b.hi, &b.afterTx, &b.afterSeq, &b.lastTx, &b.lastSeq, &b.more, &due, &done); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		scanned++
+		lastID = b.id
+		if done >= b.n {
+			continue
+		}
+		if newLow < 0 {
+			newLow = b.id
+		}
+		if due && cand == nil && (b.n-done <= n || alone) {
+			cand = &b
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	ls.mu.Lock()
+	switch {
+	case newLow >= 0:
+		ls.low = max(ls.low, newLow)
+	case scanned > 0:
+		ls.low = max(ls.low, lastID)
+	}
+	ls.mu.Unlock()
+	if cand == nil {
+		return nil, nil
+	}
+	b := *cand
+	b.gen++
+	ref := batchRef{batch: b.id, gen: b.gen}
+	rs, err := tx.QueryContext(ctx, ls.reclaimSQL, b.id, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq)
+	if err != nil {
+		return nil, err
+	}
+	msgs, _, _, err := scanLog(rs, ref.String())
+	if err != nil {
+		return nil, err
+	}
+	b.n = len(msgs)
+	return ls.insertBatch(ctx, tx, b, lease, msgs)
+}
+
+// claimNew takes the next part of the current window, or opens the next
+// window when the current one is drained.
+func (ls *logStore) claimNew(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) ([]Message, error) {
+	var b batchRow
+	err := tx.QueryRowContext(ctx, `SELECT batch_id, lo::text, hi::text, last_tx::text, last_seq, more FROM `+ls.l.batch+
+		` ORDER BY batch_id DESC, gen DESC LIMIT 1`).Scan(&b.id, &b.lo, &b.hi, &b.afterTx, &b.afterSeq, &b.more)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		b = batchRow{lo: "3:3:", afterTx: "0"} // the first window: every transaction before hi
+	case err != nil:
+		return nil, err
+	}
+	b.id++
+	if !b.more {
+		if b.hi != "" {
+			b.lo = b.hi
+		}
+		b.afterTx, b.afterSeq = "0", 0
+		if err := tx.QueryRowContext(ctx, "SELECT pg_current_snapshot()::text").Scan(&b.hi); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := tx.QueryContext(ctx, ls.claimSQL, b.lo, b.hi, b.afterTx, b.afterSeq, n+1, ls.s.batchMaxBytes)
+	if err != nil {
+		return nil, err
+	}
+	ref := batchRef{batch: b.id}
+	msgs, txs, cut, err := scanLog(rows, ref.String())
+	if err != nil {
+		return nil, err
+	}
+	if len(msgs) > n {
+		msgs, txs, cut = msgs[:n], txs[:n], true
+	}
+	if len(msgs) == 0 {
+		return nil, nil // nothing new: no batch row, the next claim looks again from the same lo
+	}
+	b.more = cut
+	b.n = len(msgs)
+	b.lastTx, b.lastSeq = txs[len(txs)-1], msgs[len(msgs)-1].Seq
+	return ls.insertBatch(ctx, tx, b, lease, msgs)
+}
+
+// insertBatch records the batch of msgs and sets their lease.
+func (ls *logStore) insertBatch(ctx context.Context, tx *sql.Tx, b batchRow, lease time.Duration, msgs []Message) ([]Message, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, err
+	}
+	var until time.Time
+	err = tx.QueryRowContext(ctx, `INSERT INTO `+ls.l.batch+` (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until)
+VALUES ($1, $2, $3::pg_snapshot, $4::pg_snapshot, $5::xid8, $6, $7::xid8, $8, $9, $10, $11, now() + $12::bigint * interval '1 microsecond')
+RETURNING lease_until`, b.id, b.gen, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, b.n, b.more, token.String(), lease.Microseconds()).Scan(&until)
+	if err != nil {
+		return nil, err
+	}
+	for i := range msgs {
+		msgs[i].ClaimedUntil = until
+	}
+	return msgs, nil
+}
+
+// scanLog reads events of the log table with their tx and whether the
+// batch's byte limit cut them off; it returns the messages before the
+// cut, the tx of each and whether anything was cut.
+func scanLog(rows *sql.Rows, ref string) (msgs []Message, txs []string, cut bool, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			m       Message
+			tx      string
+			headers []byte
+			over    bool
+		)
+		if err := rows.Scan(&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
+			&m.ContentType, &headers, &m.CreatedAt, &tx, &over); err != nil {
+			return nil, nil, false, err
+		}
+		if over || cut {
+			cut = true
+			continue
+		}
+		if len(headers) > 2 {
+			if err := json.Unmarshal(headers, &m.Headers); err != nil {
+				return nil, nil, false, fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
+			}
+		}
+		m.claimToken = ref
+		txs = append(txs, tx)
+		msgs = append(msgs, m)
+	}
+	return msgs, txs, cut, rows.Err()
+}

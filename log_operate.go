@@ -1,0 +1,326 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/acemq/outbox/internal/pgerr"
+)
+
+// The operators' view of a table of LayoutLog. Pending messages are those
+// no claim has taken yet (after the cursor), those of unfinished batches
+// that were not settled, and failed ones waiting to be tried again; parked
+// ones are failed ones that exhausted their attempts.
+
+// logCounts is what Stats and Gauges read of a log table.
+type logCounts struct {
+	fresh, unsettled, claimed, failing, parked, published, blockedKeys int64
+	oldest                                                             float64
+}
+
+func (ls *logStore) r() *strings.Replacer {
+	return strings.NewReplacer("{table}", ls.s.t.quoted, "{batch}", ls.l.batch, "{settle}", ls.l.settle, "{failed}", ls.l.failed)
+}
+
+// latestCTE is the newest batch row: the cursor of the table.
+const latestCTE = `l AS (SELECT lo, hi, last_tx, last_seq, more FROM {batch} ORDER BY batch_id DESC, gen DESC LIMIT 1)`
+
+// freshWhere selects the events no claim has taken: those not visible in
+// the cursor's hi, and the rest of its window when it has more.
+const freshWhere = `(NOT EXISTS (SELECT 1 FROM l) OR EXISTS (SELECT 1 FROM l WHERE o.tx >= pg_snapshot_xmin(l.lo) AND (
+	NOT pg_visible_in_snapshot(o.tx, l.hi)
+	OR (l.more AND (o.tx, o.seq) > (l.last_tx, l.last_seq) AND NOT pg_visible_in_snapshot(o.tx, l.lo)))))`
+
+// unsettledFrom is the latest gen of each batch with the count of its
+// messages not yet published or failed.
+const unsettledFrom = `(SELECT b.batch_id, b.gen, b.lease_until, b.claimed_at,
+	b.n - (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
+	       WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f')) AS remaining
+	FROM {batch} AS b WHERE NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)) AS u`
+
+func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
+	var c logCounts
+	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`,
+fresh AS (SELECT o.created_at FROM {table} AS o WHERE `+freshWhere+` LIMIT $1),
+u AS (SELECT * FROM `+unsettledFrom+` WHERE u.remaining > 0),
+f AS (SELECT * FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL)
+SELECT (SELECT count(*) FROM fresh),
+	(SELECT coalesce(sum(remaining), 0) FROM u),
+	(SELECT coalesce(sum(remaining), 0) FROM u WHERE lease_until > now()) + (SELECT count(*) FROM f WHERE parked_at IS NULL AND claimed_until > now()),
+	(SELECT count(*) FROM f WHERE parked_at IS NULL),
+	(SELECT count(*) FROM f WHERE parked_at IS NOT NULL),
+	(SELECT coalesce(sum(cardinality(seqs)), 0) FROM {settle} WHERE kind = 'p' AND at > now() - interval '1 hour')
+	  + (SELECT count(*) FROM {failed} WHERE published_at > now() - interval '1 hour'),
+	(SELECT count(DISTINCT event_key) FROM f WHERE parked_at IS NOT NULL AND event_key <> ''),
+	coalesce(extract(epoch FROM now() - least(
+		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f WHERE parked_at IS NULL))), 0)`),
+		limit).Scan(&c.fresh, &c.unsettled, &c.claimed, &c.failing, &c.parked, &c.published, &c.blockedKeys, &c.oldest)
+	if err != nil {
+		return logCounts{}, fmt.Errorf("outbox: counting messages of %s: %w", ls.s.t.full, err)
+	}
+	return c, nil
+}
+
+func (c logCounts) pending() int64 { return c.fresh + c.unsettled + c.failing }
+
+func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
+	c, err := ls.counts(ctx, db, 1<<62)
+	if err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		Pending: c.pending(), Claimed: c.claimed, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys,
+		OldestPendingAge: time.Duration(c.oldest * float64(time.Second)).Round(time.Millisecond),
+	}, nil
+}
+
+func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges, error) {
+	c, err := ls.counts(ctx, db, limit)
+	if err != nil {
+		return Gauges{}, err
+	}
+	return Gauges{
+		Pending: min(c.pending(), limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys,
+		OldestPendingAge: time.Duration(c.oldest * float64(time.Second)).Round(time.Millisecond),
+	}, nil
+}
+
+func (ls *logStore) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {
+	rows, err := db.QueryContext(ctx, ls.r().Replace(`SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
+	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at
+FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL
+ORDER BY o.parked_at DESC LIMIT $1`), limit)
+	if err != nil {
+		return nil, err
+	}
+	return scanMessages(rows, "")
+}
+
+// changeParked re-arms (retry) or discards parked messages, those among
+// ids or, when ids is nil, all of them.
+func (ls *logStore) changeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
+	set := `parked_at = NULL, attempts = 0, available_at = now(), claim_token = NULL, claimed_until = NULL`
+	if discard {
+		set = `discarded_at = now()`
+	}
+	where, args := "", []any{}
+	if ids != nil {
+		where, args = " AND id = ANY($1::uuid[])", []any{ids}
+	}
+	var n int64
+	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH c AS (UPDATE {failed} SET `+set+`
+	WHERE parked_at IS NOT NULL AND published_at IS NULL AND discarded_at IS NULL`+where+` RETURNING 1)
+SELECT count(*) FROM c`), args...).Scan(&n)
+	return n, err
+}
+
+// horizon is the snapshot every event visible in which is settled: the lo
+// of the oldest unfinished batch, or the cursor's (its lo while its window
+// has more, its hi when drained). Before the first claim nothing is.
+func (ls *logStore) horizon(ctx context.Context, q querier) (string, error) {
+	var h sql.NullString
+	err := q.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`
+SELECT coalesce(
+	(SELECT b.lo::text FROM `+unsettledFrom+` JOIN {batch} AS b ON b.batch_id = u.batch_id AND b.gen = u.gen WHERE u.remaining > 0 ORDER BY u.batch_id LIMIT 1),
+	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`)).Scan(&h)
+	if err != nil {
+		return "", err
+	}
+	if !h.Valid {
+		return "3:3:", nil
+	}
+	return h.String, nil
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// partition names the i-th partition of the events table.
+func (ls *logStore) partition(i int64) string {
+	return ls.s.t.qualified(fmt.Sprintf("%s_p%02d", ls.s.t.name, i))
+}
+
+// purge truncates the partitions of the events table whose every event is
+// settled and older than olderThan, other than the one writers are in and
+// the next; only, when not negative, names the one partition to look at.
+// Each TRUNCATE waits at most 100ms for its lock and is skipped otherwise:
+// writers never wait behind it, since they insert into other partitions.
+func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, only int64) (int64, error) {
+	cur, err := ls.current(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for i := int64(0); i < ls.l.parts; i++ {
+		if i == cur || i == (cur+1)%ls.l.parts || (only >= 0 && i != only) {
+			continue
+		}
+		n, err := ls.truncate(ctx, db, i, olderThan, only < 0)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// current returns the partition writers are in.
+func (ls *logStore) current(ctx context.Context, q querier) (int64, error) {
+	var last int64
+	if err := q.QueryRowContext(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM `+ls.l.seq).Scan(&last); err != nil {
+		return 0, fmt.Errorf("outbox: reading the sequence of %s: %w", ls.s.t.full, err)
+	}
+	return (last / ls.l.chunk) % ls.l.parts, nil
+}
+
+// truncate empties partition i if every event in it is settled and none
+// was written less than olderThan ago, and returns how many events it
+// held (when count is set).
+func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan time.Duration, count bool) (n int64, err error) {
+	part := ls.partition(i)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	var any bool
+	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+part+`)`).Scan(&any); err != nil || !any {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+part+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		if pgerr.State(err) == "55P03" {
+			return 0, nil // busy: next time
+		}
+		return 0, err
+	}
+	// Under the lock no writer of the partition is in progress: every row
+	// in it is committed, and the checks below see them all.
+	ok, err := ls.purgeableNow(ctx, tx, part, olderThan)
+	if err != nil || !ok {
+		return 0, err
+	}
+	if count {
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+part).Scan(&n); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `TRUNCATE `+part); err != nil {
+		return 0, err
+	}
+	return n, tx.Commit()
+}
+
+// purgeableNow says whether every event of the partition is settled (it is
+// visible in the horizon) and older than olderThan.
+func (ls *logStore) purgeableNow(ctx context.Context, q querier, part string, olderThan time.Duration) (bool, error) {
+	h, err := ls.horizon(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	var ok bool
+	err = q.QueryRowContext(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+part+` WHERE tx >= pg_snapshot_xmin($1::pg_snapshot) AND NOT pg_visible_in_snapshot(tx, $1::pg_snapshot))
+	AND NOT EXISTS (SELECT 1 FROM `+part+` WHERE created_at >= now() - $2::bigint * interval '1 microsecond')`, h, olderThan.Microseconds()).Scan(&ok)
+	return ok, err
+}
+
+// maintain keeps the rotation going: it empties the partition writers
+// reach after the next one, if it is settled, and the finished partitions
+// of the batch and settle tables. Claims call it every second.
+func (ls *logStore) maintain(ctx context.Context, db *sql.DB) error {
+	cur, err := ls.current(ctx, db)
+	if err != nil {
+		return err
+	}
+	if _, err := ls.truncate(ctx, db, (cur+2)%ls.l.parts, 0, false); err != nil {
+		return err
+	}
+	return ls.rotate(ctx, db)
+}
+
+// rotate truncates the partitions of the batch and settle tables that hold
+// only finished batches, other than the one the batch ids are in (it holds
+// the cursor) and the next one.
+func (ls *logStore) rotate(ctx context.Context, db *sql.DB) error {
+	var latest sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT max(batch_id) FROM `+ls.l.batch).Scan(&latest); err != nil || !latest.Valid {
+		return err
+	}
+	cur := (latest.Int64 / ls.l.batchChunk) % logBatchParts
+	for i := int64(0); i < logBatchParts; i++ {
+		if i == cur || i == (cur+1)%logBatchParts {
+			continue
+		}
+		if err := ls.truncateBatches(ctx, db, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) error {
+	bp := ls.s.t.qualified(fmt.Sprintf("%s_batch_p%d", ls.s.t.name, i))
+	sp := ls.s.t.qualified(fmt.Sprintf("%s_settle_p%d", ls.s.t.name, i))
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	var any bool
+	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+bp+`)`).Scan(&any); err != nil || !any {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+bp+`, `+sp+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		if pgerr.State(err) == "55P03" {
+			return nil // busy: next time
+		}
+		return err
+	}
+	// Under the lock: is every batch here finished?
+	var unfinished bool
+	err = tx.QueryRowContext(ctx, strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM `+unsettledFrom+` WHERE u.remaining > 0)`)).Scan(&unfinished)
+	if err != nil || unfinished {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `TRUNCATE `+bp+`, `+sp); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// purgeable counts the events purge would remove now.
+func (ls *logStore) purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error) {
+	cur, err := ls.current(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for i := int64(0); i < ls.l.parts; i++ {
+		if i == cur || i == (cur+1)%ls.l.parts {
+			continue
+		}
+		part := ls.partition(i)
+		ok, err := ls.purgeableNow(ctx, db, part, olderThan)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", ls.s.t.full, err)
+		}
+		if !ok {
+			continue
+		}
+		var n int64
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+part).Scan(&n); err != nil {
+			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", ls.s.t.full, err)
+		}
+		total += n
+	}
+	return total, nil
+}

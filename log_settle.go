@@ -1,0 +1,174 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/acemq/outbox/internal/textcut"
+)
+
+// settle records what became of messages of a table of LayoutLog: kind
+// 'p' (published) or 'r' (released) for messages taken in batches, and
+// the matching update of the failed table for those taken from it. A batch
+// that was taken over (a later gen exists) is left alone and its messages
+// are reported as lost leases.
+func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind byte, msgs []Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	type group struct {
+		ref  batchRef
+		ids  []string
+		seqs []int64
+	}
+	var (
+		order  []string
+		groups = make(map[string]*group)
+	)
+	for _, m := range msgs {
+		ref, ok := parseRef(m.claimToken)
+		if !ok {
+			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
+		}
+		g := groups[m.claimToken]
+		if g == nil {
+			g = &group{ref: ref}
+			groups[m.claimToken] = g
+			order = append(order, m.claimToken)
+		}
+		g.ids = append(g.ids, m.ID)
+		g.seqs = append(g.seqs, m.Seq)
+	}
+	var lost []string
+	for _, key := range order {
+		g := groups[key]
+		var (
+			done map[string]bool
+			err  error
+		)
+		if g.ref.token != "" {
+			done, err = ls.settleFailed(ctx, db, kind, g.ids, g.ref.token)
+		} else {
+			done, err = ls.settleBatch(ctx, db, kind, g.ref, g.ids, g.seqs)
+		}
+		if err != nil {
+			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), ls.s.t.full, err)
+		}
+		for _, id := range g.ids {
+			if !done[id] {
+				lost = append(lost, id)
+			}
+		}
+	}
+	if kind == 'r' {
+		ls.scanSoon()
+	}
+	if len(lost) > 0 {
+		return ls.s.leaseLost(ctx, what, lost)
+	}
+	return nil
+}
+
+func (ls *logStore) settleBatch(ctx context.Context, db *sql.DB, kind byte, ref batchRef, ids []string, seqs []int64) (map[string]bool, error) {
+	res, err := db.ExecContext(ctx, `INSERT INTO `+ls.l.settle+` (batch_id, gen, kind, seqs)
+SELECT $1, $2, $3::"char", $4::bigint[] WHERE NOT EXISTS (SELECT 1 FROM `+ls.l.batch+` WHERE batch_id = $1 AND gen > $2)`,
+		ref.batch, ref.gen, string(kind), seqs)
+	if err != nil {
+		return nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, err
+	}
+	done := make(map[string]bool, len(ids))
+	if n == 1 {
+		for _, id := range ids {
+			done[id] = true
+		}
+	}
+	return done, nil
+}
+
+func (ls *logStore) settleFailed(ctx context.Context, db *sql.DB, kind byte, ids []string, token string) (map[string]bool, error) {
+	set := `published_at = now(), claim_token = NULL, claimed_until = NULL`
+	if kind == 'r' {
+		set = `claim_token = NULL, claimed_until = NULL`
+	}
+	rows, err := db.QueryContext(ctx, `UPDATE `+ls.l.failed+` SET `+set+`
+WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL RETURNING id`, ids, token)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := make(map[string]bool, len(ids))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		done[id] = true
+	}
+	return done, rows.Err()
+}
+
+// markFailed counts a failed attempt: a message of a batch is copied to the
+// failed table (its batch records it as failed), one taken from the failed
+// table has its row updated; both back off, and park at MaxAttempts.
+func (ls *logStore) markFailed(ctx context.Context, db *sql.DB, msg Message, reason string) error {
+	s := ls.s
+	ref, ok := parseRef(msg.claimToken)
+	if !ok {
+		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
+	}
+	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax)
+	delay := s.backoff(msg.Attempts + 1)
+	var (
+		attempts int
+		parked   bool
+		err      error
+	)
+	if ref.token != "" {
+		err = db.QueryRowContext(ctx, `UPDATE `+ls.l.failed+` SET attempts = attempts + 1, last_error = $3,
+	available_at = now() + $4::bigint * interval '1 microsecond', claim_token = NULL, claimed_until = NULL,
+	parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+WHERE id = $1 AND claim_token = $2::uuid AND published_at IS NULL
+RETURNING attempts, parked_at IS NOT NULL`, msg.ID, ref.token, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+	} else {
+		headers, herr := json.Marshal(msg.Headers)
+		if herr != nil {
+			return fmt.Errorf("outbox: marking message %s failed: %w", msg.ID, herr)
+		}
+		if msg.Headers == nil {
+			headers = []byte("{}")
+		}
+		err = db.QueryRowContext(ctx, `WITH s AS (
+	INSERT INTO `+ls.l.settle+` (batch_id, gen, kind, seqs)
+	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE NOT EXISTS (SELECT 1 FROM `+ls.l.batch+` WHERE batch_id = $1 AND gen > $2)
+	RETURNING 1
+)
+INSERT INTO `+ls.l.failed+` AS f (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
+	attempts, last_error, available_at, parked_at)
+SELECT $4::uuid, $3, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, 1, $13, now() + $14::bigint * interval '1 microsecond',
+	CASE WHEN $15 <= 1 THEN now() END
+FROM s
+ON CONFLICT (id) DO UPDATE SET attempts = f.attempts + 1, last_error = excluded.last_error, available_at = excluded.available_at,
+	parked_at = CASE WHEN f.attempts + 1 >= $15 THEN now() END, claim_token = NULL, claimed_until = NULL
+RETURNING attempts, parked_at IS NOT NULL`,
+			ref.batch, ref.gen, msg.Seq, msg.ID, msg.EventType, msg.Key, msg.Exchange, msg.RoutingKey, msg.Payload, msg.ContentType,
+			string(headers), msg.CreatedAt, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, err)
+	}
+	if parked {
+		s.warnParked(ctx, msg.ID, attempts, reason)
+	}
+	return nil
+}

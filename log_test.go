@@ -1,0 +1,271 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+)
+
+// setupLog gives the test its own outbox table of the log layout.
+func setupLog(t *testing.T, cfg *outbox.StoreConfig) *testBundle {
+	t.Helper()
+	b := setupWith(t, cfg, (*outbox.Store).CreateLogSchemaIfAbsent)
+	l, err := b.store.Layout(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutLog, l)
+	return b
+}
+
+func TestLogClaimInBatches(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(10)...)
+
+	first, err := b.store.Claim(ctx, 4, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, first, 4)
+	rest, err := b.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, rest, 6)
+	none, err := b.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, none)
+
+	all := append(append([]outbox.Message(nil), first...), rest...)
+	seen := map[string]bool{}
+	for i, m := range all {
+		assert.False(t, seen[m.ID], "claimed twice: %s", m.ID)
+		seen[m.ID] = true
+		assert.Equal(t, fmt.Sprintf(`{"n":%d}`, i), string(m.Payload), "in the order written")
+		assert.False(t, m.ClaimedUntil.IsZero())
+	}
+	require.NoError(t, b.store.MarkPublished(ctx, all...))
+
+	b.addCommitted(t, events(3)...)
+	more, err := b.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, more, 3, "a new window after the first was drained")
+}
+
+// A transaction that draws its seq (and its tx id) before others and
+// commits after them is taken in the window in which its commit becomes
+// visible: a cursor over seq would skip it.
+func TestLogLateCommitNotSkipped(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+
+	late, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer late.Rollback() //nolint:errcheck
+	require.NoError(t, b.store.Add(ctx, late, outbox.Event{Type: "late", Payload: []byte("late")}))
+
+	b.addCommitted(t, events(3)...)
+	got, err := b.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, got, 3, "the open transaction is not visible yet")
+	require.NoError(t, b.store.MarkPublished(ctx, got...))
+
+	// Several windows go by while it stays open.
+	for i := 0; i < 3; i++ {
+		b.addCommitted(t, outbox.Event{Type: "t", Payload: []byte("x")})
+		got, err := b.store.Claim(ctx, 100, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.NoError(t, b.store.MarkPublished(ctx, got...))
+	}
+	require.NoError(t, late.Commit())
+	got, err = b.store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, "late", got[0].EventType)
+	assert.Equal(t, int64(1), got[0].Seq, "it drew the first seq")
+}
+
+// Writers whose transactions commit in an order unrelated to their ids,
+// and claimers running beside them: every committed event is claimed
+// exactly once (nothing is released or expires here), none of the rolled
+// back ones is.
+func TestLogConcurrentWritersAndClaimers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b := setupLog(t, nil)
+	const writers, perWriter = 6, 150
+
+	var (
+		mu        sync.Mutex
+		committed = map[string]bool{}
+		claimed   = map[string]int{}
+		wg        sync.WaitGroup
+		done      = make(chan struct{})
+	)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perWriter; i++ {
+				tx, err := b.db.BeginTx(ctx, nil)
+				if !assert.NoError(t, err) {
+					return
+				}
+				ids, err := b.store.AddIDs(ctx, tx, outbox.Event{Type: "c", Payload: []byte("x")}, outbox.Event{Type: "c", Payload: []byte("y")})
+				if !assert.NoError(t, err) {
+					return
+				}
+				if d := rand.IntN(3); d > 0 {
+					time.Sleep(time.Duration(d) * time.Millisecond) // let others commit first
+				}
+				if rand.IntN(10) == 0 {
+					assert.NoError(t, tx.Rollback())
+					continue
+				}
+				if !assert.NoError(t, tx.Commit()) {
+					return
+				}
+				mu.Lock()
+				for _, id := range ids {
+					committed[id] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	var cw sync.WaitGroup
+	claimOnce := func() int {
+		msgs, err := b.store.Claim(ctx, 7, time.Minute)
+		if !assert.NoError(t, err) {
+			return 0
+		}
+		mu.Lock()
+		for _, m := range msgs {
+			claimed[m.ID]++
+		}
+		mu.Unlock()
+		assert.NoError(t, b.store.MarkPublished(ctx, msgs...))
+		return len(msgs)
+	}
+	for c := 0; c < 3; c++ {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				claimOnce()
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	cw.Wait()
+	for claimOnce() > 0 {
+	}
+	require.NotEmpty(t, committed)
+	for id := range committed {
+		assert.Equal(t, 1, claimed[id], "committed event %s claimed once", id)
+	}
+	for id := range claimed {
+		assert.True(t, committed[id], "claimed event %s was committed", id)
+	}
+}
+
+func TestLogLeaseExpiryTakeOver(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(5)...)
+
+	first, err := b.store.Claim(ctx, 5, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, first, 5)
+	require.NoError(t, b.store.MarkPublished(ctx, first[:2]...))
+
+	var again []outbox.Message
+	require.Eventually(t, func() bool {
+		again, err = b.store.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		return len(again) > 0
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, ids(first[2:]), ids(again), "the unpublished ones, after the lease")
+
+	err = b.store.MarkPublished(ctx, first[2:]...)
+	var lost *outbox.LeaseLostError
+	require.ErrorAs(t, err, &lost)
+	assert.ElementsMatch(t, ids(first[2:]), lost.IDs)
+	require.NoError(t, b.store.MarkPublished(ctx, again...))
+
+	none, err := b.store.Claim(ctx, 10, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.Empty(t, none)
+}
+
+func TestLogRelease(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(4)...)
+	msgs, err := b.store.Claim(ctx, 4, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[0]))
+	require.NoError(t, b.store.Release(ctx, msgs[1:]...))
+
+	again, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, ids(msgs[1:]), ids(again), "released messages come back at once")
+}
+
+func TestLogFailureBackoffAndParking(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, &outbox.StoreConfig{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }})
+	b.addCommitted(t, outbox.Event{Type: "bad", Payload: []byte("bad"), Headers: map[string]string{"h": "v"}}, outbox.Event{Type: "good", Payload: []byte("good")})
+
+	msgs, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 2)
+	bad := msgs[0]
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[1]))
+	for attempt := 1; attempt <= 3; attempt++ {
+		require.NoError(t, b.store.MarkFailed(ctx, bad, fmt.Sprintf("no %d", attempt)))
+		if attempt == 3 {
+			break
+		}
+		again, err := b.store.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, again, 1)
+		bad = again[0]
+		assert.Equal(t, attempt, bad.Attempts)
+		assert.Equal(t, fmt.Sprintf("no %d", attempt), bad.LastError)
+		assert.Equal(t, "bad", string(bad.Payload))
+		assert.Equal(t, map[string]string{"h": "v"}, bad.Headers)
+	}
+	none, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, none, "parked")
+
+	parked, err := b.store.Parked(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	assert.Equal(t, 3, parked[0].Attempts)
+	n, err := b.store.Retry(ctx, parked[0].ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	again, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	require.NoError(t, b.store.MarkPublished(ctx, again...))
+	st, err := b.store.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.Pending)
+	assert.Zero(t, st.Parked)
+}
+
+var _ = sql.ErrNoRows
