@@ -57,7 +57,7 @@ const (
 
 // logTables names the objects of a table of LayoutLog.
 type logTables struct {
-	meta, batch, settle, failed, seq, view string // quoted, qualified
+	meta, batch, settle, failed, seq, view, claimFn string // quoted, qualified
 	chunk, parts, batchChunk               int64
 }
 
@@ -65,6 +65,7 @@ func (t table) logTables() logTables {
 	return logTables{
 		meta: t.qualified(t.name + "_log"), batch: t.qualified(t.name + "_batch"), settle: t.qualified(t.name + "_settle"),
 		failed: t.qualified(t.name + "_failed"), seq: t.qualified(t.name + "_seq"), view: t.qualified(t.name + "_messages"),
+		claimFn: t.qualified(t.name + "_claim"),
 		chunk: logChunkDefault, parts: logPartsDefault, batchChunk: logBatchChunkDefault,
 	}
 }
@@ -93,7 +94,7 @@ func (t table) logSQL(l logTables) string {
 		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i)), l.settle, i)
 	}
 	r := strings.NewReplacer("{table}", t.quoted, "{name}", t.name, "{seq}", l.seq, "{seqname}", strings.ReplaceAll(l.seq, "'", "''"),
-		"{meta}", l.meta, "{view}", l.view, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
+		"{meta}", l.meta, "{view}", l.view, "{claimfn}", l.claimFn, "{lockkey}", strings.ReplaceAll(l.lockKey(), "'", "''"), "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
 		"{partitions}", parts.String(), "{bpartitions}", bparts.String(), "{version}", fmt.Sprint(logVersion))
 	return r.Replace(`-- An outbox table of the log layout: events are only ever inserted.
@@ -208,6 +209,65 @@ LEFT JOIN LATERAL (
       AND NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)
       AND NOT EXISTS (SELECT 1 FROM {settle} AS s WHERE s.batch_id = b.batch_id AND s.seqs @> ARRAY[o.seq] AND s.kind IN ('p', 'f', 'r'))
     LIMIT 1) AS c ON true;
+
+-- A claim of the next events: in one transaction, under the table's claim
+-- lock, the next part of the current window of transactions, or the next
+-- window when it is drained, recorded as a batch. Each statement of the
+-- function takes a fresh snapshot: the cursor is read after the lock.
+CREATE OR REPLACE FUNCTION {claimfn}(n integer, lease_us bigint, max_bytes bigint, claim_token uuid)
+RETURNS TABLE (batch_id bigint, lease_until timestamptz, id uuid, seq bigint, tx xid8, event_type text, event_key text, exchange text,
+    routing_key text, payload bytea, content_type text, headers jsonb, created_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    l     record;
+    bid   bigint := 1;
+    lo    pg_snapshot := '3:3:';
+    hi    pg_snapshot;
+    a_tx  xid8 := '0';
+    a_seq bigint := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('{lockkey}', 0));
+    SELECT b.batch_id, b.lo, b.hi, b.last_tx, b.last_seq, b.more INTO l
+    FROM {batch} AS b ORDER BY b.batch_id DESC, b.gen DESC LIMIT 1;
+    IF FOUND THEN
+        bid := l.batch_id + 1;
+        IF l.more THEN
+            lo := l.lo; hi := l.hi; a_tx := l.last_tx; a_seq := l.last_seq;
+        ELSE
+            lo := l.hi;
+        END IF;
+    END IF;
+    IF hi IS NULL THEN
+        hi := pg_current_snapshot();
+    END IF;
+    RETURN QUERY
+    WITH w AS (
+        -- the transactions still running at lo, then those after it, each
+        -- in index order; one more than the batch, to know if there is more
+        (SELECT o.* FROM {table} AS o
+         WHERE o.tx = ANY(ARRAY(SELECT pg_snapshot_xip(lo))) AND (o.tx, o.seq) > (a_tx, a_seq) AND pg_visible_in_snapshot(o.tx, hi)
+         ORDER BY o.tx, o.seq LIMIT n + 1)
+        UNION ALL
+        (SELECT o.* FROM {table} AS o
+         WHERE o.tx >= pg_snapshot_xmax(lo) AND o.tx < pg_snapshot_xmax(hi) AND (o.tx, o.seq) > (a_tx, a_seq)
+           AND pg_visible_in_snapshot(o.tx, hi)
+         ORDER BY o.tx, o.seq LIMIT n + 1)
+    ), f AS (SELECT * FROM w ORDER BY 3, 2 LIMIT n + 1),
+    r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,
+            sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.tx, f.seq) AS run
+          FROM f),
+    k AS (SELECT * FROM r WHERE r.rn <= n AND (r.rn = 1 OR r.run <= max_bytes)),
+    last AS (SELECT k.tx, k.seq FROM k ORDER BY k.tx DESC, k.seq DESC LIMIT 1),
+    ins AS (
+        INSERT INTO {batch} (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until)
+        SELECT bid, 0, lo, hi, a_tx, a_seq, last.tx, last.seq, (SELECT count(*) FROM k), (SELECT count(*) FROM r) > (SELECT count(*) FROM k),
+            claim_token, now() + lease_us * interval '1 microsecond'
+        FROM last
+        RETURNING {batch}.lease_until)
+    SELECT bid, ins.lease_until, k.id, k.seq, k.tx, k.event_type, k.event_key, k.exchange, k.routing_key, k.payload, k.content_type, k.headers, k.created_at
+    FROM k, ins ORDER BY k.tx, k.seq;
+END
+$$;
 
 -- Marks the table as one of the log layout, and its sizes.
 CREATE TABLE IF NOT EXISTS {meta} (

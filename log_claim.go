@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -45,6 +44,7 @@ type logStore struct {
 	nextScan time.Time // when to look for batches to take over
 
 	nextMaintain time.Time // when to rotate partitions
+	nextFailed   time.Time // when to look for failed messages due again
 }
 
 const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at`
@@ -52,27 +52,7 @@ const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routin
 func newLogStore(s *Store, l logTables) *logStore {
 	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns)
 	ls := &logStore{s: s, l: l}
-	// The window (lo, hi] after (after_tx, after_seq): the transactions
-	// still running at lo, then those that started after it, each part
-	// read in index order; $5 is one more than the batch, to know whether
-	// the window has more.
-	ls.claimSQL = r.Replace(`WITH w AS (
-	(SELECT o.* FROM {table} AS o
-	 WHERE o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))) AND (o.tx, o.seq) > ($3::xid8, $4::bigint)
-	   AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
-	 ORDER BY o.tx, o.seq LIMIT $5)
-	UNION ALL
-	(SELECT o.* FROM {table} AS o
-	 WHERE o.tx >= pg_snapshot_xmax($1::pg_snapshot) AND o.tx < pg_snapshot_xmax($2::pg_snapshot) AND (o.tx, o.seq) > ($3::xid8, $4::bigint)
-	   AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
-	 ORDER BY o.tx, o.seq LIMIT $5)
-), f AS (SELECT * FROM w ORDER BY tx, seq LIMIT $5),
-r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,
-	sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.tx, f.seq) AS run FROM f)
-SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key,
-	CASE WHEN o.rn > 1 AND o.run > $6 THEN NULL ELSE o.payload END, o.content_type, o.headers, o.created_at,
-	o.tx::text, o.rn > 1 AND o.run > $6
-FROM r AS o ORDER BY o.tx, o.seq`)
+	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid)`
 	// The messages of batch $1 that no gen published or failed.
 	ls.reclaimSQL = r.Replace(`SELECT {columns}, o.tx::text, false FROM {table} AS o
 WHERE (o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($2::pg_snapshot))) OR (o.tx >= pg_snapshot_xmax($2::pg_snapshot) AND o.tx < pg_snapshot_xmax($3::pg_snapshot)))
@@ -143,39 +123,34 @@ type batchRow struct {
 	more              bool
 }
 
-func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) (msgs []Message, err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
+func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
+	var msgs []Message
+	step := func(take func() ([]Message, error)) error {
+		more, err := take()
+		msgs = append(msgs, more...)
+		return err
 	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
+	err := func() error {
+		if ls.failedDue() {
+			if err := step(func() ([]Message, error) { return ls.claimFailed(ctx, db, n, lease) }); err != nil {
+				return err
+			}
 		}
+		if len(msgs) < n && ls.scanDue() {
+			if err := step(func() ([]Message, error) { return ls.takeOver(ctx, db, n-len(msgs), len(msgs) == 0, lease) }); err != nil {
+				return err
+			}
+		}
+		if len(msgs) < n {
+			return step(func() ([]Message, error) { return ls.claimNew(ctx, db, n-len(msgs), lease) })
+		}
+		return nil
 	}()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
+	if err != nil && len(msgs) == 0 {
 		return nil, err
 	}
-	if msgs, err = ls.claimFailed(ctx, tx, n, lease); err != nil {
-		return nil, err
-	}
-	if len(msgs) < n && ls.scanDue() {
-		more, err := ls.takeOver(ctx, tx, n-len(msgs), len(msgs) == 0, lease)
-		if err != nil {
-			return nil, err
-		}
-		msgs = append(msgs, more...)
-	}
-	if len(msgs) < n {
-		more, err := ls.claimNew(ctx, tx, n-len(msgs), lease)
-		if err != nil {
-			return nil, err
-		}
-		msgs = append(msgs, more...)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, err
-	}
+	// Messages already claimed are returned even if a later step failed:
+	// the next claim meets the failure again.
 	if ls.maintainDue() {
 		if err := ls.maintain(ctx, db); err != nil && ctx.Err() == nil {
 			ls.s.logger.WarnContext(ctx, "outbox: Rotating the partitions of a log table failed; trying again in a second",
@@ -211,7 +186,17 @@ func (ls *logStore) scanSoon() {
 	ls.mu.Unlock()
 }
 
-func (ls *logStore) claimFailed(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) ([]Message, error) {
+// failedDue says whether this claim looks for failed messages due again:
+// at most every 250ms, and at once after a failure in this process.
+func (ls *logStore) failedDue() bool { return ls.due(&ls.nextFailed, 250*time.Millisecond) }
+
+func (ls *logStore) failedSoon() {
+	ls.mu.Lock()
+	ls.nextFailed = time.Time{}
+	ls.mu.Unlock()
+}
+
+func (ls *logStore) claimFailed(ctx context.Context, tx *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
@@ -226,7 +211,23 @@ func (ls *logStore) claimFailed(ctx context.Context, tx *sql.Tx, n int, lease ti
 // takeOver claims again the first batch whose lease ran out or that was
 // released, if its messages fit in n (or whatever its size when alone),
 // and moves the store's low-water mark past finished batches.
-func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool, lease time.Duration) ([]Message, error) {
+func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err == nil {
+			err = tx.Commit()
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			msgs = nil
+		}
+	}()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
+		return nil, err
+	}
 	ls.mu.Lock()
 	low := ls.low
 	ls.mu.Unlock()
@@ -286,7 +287,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 	if err != nil {
 		return nil, err
 	}
-	msgs, _, _, err := scanLog(rs, ref.String())
+	msgs, _, _, err = scanLog(rs, ref.String())
 	if err != nil {
 		return nil, err
 	}
@@ -295,46 +296,38 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 }
 
 // claimNew takes the next part of the current window, or opens the next
-// window when the current one is drained.
-func (ls *logStore) claimNew(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) ([]Message, error) {
-	var b batchRow
-	err := tx.QueryRowContext(ctx, `SELECT batch_id, lo::text, hi::text, last_tx::text, last_seq, more FROM `+ls.l.batch+
-		` ORDER BY batch_id DESC, gen DESC LIMIT 1`).Scan(&b.id, &b.lo, &b.hi, &b.afterTx, &b.afterSeq, &b.more)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		b = batchRow{lo: "3:3:", afterTx: "0"} // the first window: every transaction before hi
-	case err != nil:
+// window when the current one is drained (the table's claim function).
+func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
 		return nil, err
 	}
-	b.id++
-	if !b.more {
-		if b.hi != "" {
-			b.lo = b.hi
-		}
-		b.afterTx, b.afterSeq = "0", 0
-		if err := tx.QueryRowContext(ctx, "SELECT pg_current_snapshot()::text").Scan(&b.hi); err != nil {
+	rows, err := db.QueryContext(ctx, ls.claimSQL, n, lease.Microseconds(), ls.s.batchMaxBytes, token.String())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var msgs []Message
+	for rows.Next() {
+		var (
+			m       Message
+			batch   int64
+			tx      string
+			headers []byte
+		)
+		if err := rows.Scan(&batch, &m.ClaimedUntil, &m.ID, &m.Seq, &tx, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
+			&m.ContentType, &headers, &m.CreatedAt); err != nil {
 			return nil, err
 		}
+		if len(headers) > 2 {
+			if err := json.Unmarshal(headers, &m.Headers); err != nil {
+				return nil, fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
+			}
+		}
+		m.claimToken = batchRef{batch: batch}.String()
+		msgs = append(msgs, m)
 	}
-	rows, err := tx.QueryContext(ctx, ls.claimSQL, b.lo, b.hi, b.afterTx, b.afterSeq, n+1, ls.s.batchMaxBytes)
-	if err != nil {
-		return nil, err
-	}
-	ref := batchRef{batch: b.id}
-	msgs, txs, cut, err := scanLog(rows, ref.String())
-	if err != nil {
-		return nil, err
-	}
-	if len(msgs) > n {
-		msgs, txs, cut = msgs[:n], txs[:n], true
-	}
-	if len(msgs) == 0 {
-		return nil, nil // nothing new: no batch row, the next claim looks again from the same lo
-	}
-	b.more = cut
-	b.n = len(msgs)
-	b.lastTx, b.lastSeq = txs[len(txs)-1], msgs[len(msgs)-1].Seq
-	return ls.insertBatch(ctx, tx, b, lease, msgs)
+	return msgs, rows.Err()
 }
 
 // insertBatch records the batch of msgs and sets their lease.

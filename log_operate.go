@@ -110,6 +110,7 @@ func (ls *logStore) changeParked(ctx context.Context, db *sql.DB, discard bool, 
 	if ids != nil {
 		where, args = " AND id = ANY($1::uuid[])", []any{ids}
 	}
+	defer ls.failedSoon()
 	var n int64
 	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH c AS (UPDATE {failed} SET `+set+`
 	WHERE parked_at IS NOT NULL AND published_at IS NULL AND discarded_at IS NULL`+where+` RETURNING 1)

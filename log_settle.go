@@ -66,6 +66,7 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 	}
 	if kind == 'r' {
 		ls.scanSoon()
+		ls.failedSoon()
 	}
 	if len(lost) > 0 {
 		return ls.s.leaseLost(ctx, what, lost)
@@ -167,6 +168,7 @@ RETURNING attempts, parked_at IS NOT NULL`,
 	if err != nil {
 		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, err)
 	}
+	ls.failedSoon()
 	if parked {
 		s.warnParked(ctx, msg.ID, attempts, reason)
 	}
