@@ -31,3 +31,15 @@ func SchemaV1(name string) (string, error) {
 	}
 	return t.createSQL(), nil
 }
+
+// LogSchemaSized returns the DDL of a log table with small partitions, so
+// that tests can fill them.
+func LogSchemaSized(name string, chunk, parts, batchChunk int64) (string, error) {
+	t, err := parseTable(name)
+	if err != nil {
+		return "", err
+	}
+	l := t.logTables()
+	l.chunk, l.parts, l.batchChunk = chunk, parts, batchChunk
+	return t.logSQL(l), nil
+}

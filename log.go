@@ -50,7 +50,7 @@ func (l Layout) String() string {
 const (
 	logChunkDefault      = 1_000_000
 	logPartsDefault      = 16
-	logBatchChunkDefault = 4096
+	logBatchChunkDefault = 1024
 	logBatchParts        = 4
 	logVersion           = 1
 )

@@ -122,11 +122,15 @@ SELECT count(*) FROM c`), args...).Scan(&n)
 // of the oldest unfinished batch, or the cursor's (its lo while its window
 // has more, its hi when drained). Before the first claim nothing is.
 func (ls *logStore) horizon(ctx context.Context, q querier) (string, error) {
+	ls.mu.Lock()
+	low := ls.low // no batch below it is unfinished
+	ls.mu.Unlock()
 	var h sql.NullString
 	err := q.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`
 SELECT coalesce(
-	(SELECT b.lo::text FROM `+unsettledFrom+` JOIN {batch} AS b ON b.batch_id = u.batch_id AND b.gen = u.gen WHERE u.remaining > 0 ORDER BY u.batch_id LIMIT 1),
-	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`)).Scan(&h)
+	(SELECT b.lo::text FROM `+unsettledFrom+` JOIN {batch} AS b ON b.batch_id = u.batch_id AND b.gen = u.gen
+	 WHERE u.remaining > 0 AND u.batch_id >= $1 ORDER BY u.batch_id LIMIT 1),
+	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`), low).Scan(&h)
 	if err != nil {
 		return "", err
 	}

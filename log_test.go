@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
 )
 
 // setupLog gives the test its own outbox table of the log layout.
@@ -268,4 +268,110 @@ func TestLogFailureBackoffAndParking(t *testing.T) {
 	assert.Zero(t, st.Parked)
 }
 
-var _ = sql.ErrNoRows
+// setupLogSized is setupLog with partitions of chunk events over parts
+// partitions, and batch partitions of batchChunk batches.
+func setupLogSized(t *testing.T, cfg *outbox.StoreConfig, chunk, parts, batchChunk int64) *testBundle {
+	t.Helper()
+	return setupWith(t, cfg, func(s *outbox.Store, ctx context.Context) error {
+		ddl, err := outbox.LogSchemaSized(s.Table(), chunk, parts, batchChunk)
+		if err != nil {
+			return err
+		}
+		_, err = dbtest.DB(t).ExecContext(ctx, ddl)
+		return err
+	})
+}
+
+// relayAll claims and publishes until nothing is left, and returns how
+// many messages it published.
+func relayAll(t *testing.T, s *outbox.Store) int {
+	t.Helper()
+	ctx := context.Background()
+	total := 0
+	for {
+		msgs, err := s.Claim(ctx, 7, time.Minute)
+		require.NoError(t, err)
+		if len(msgs) == 0 {
+			return total
+		}
+		require.NoError(t, s.MarkPublished(ctx, msgs...))
+		total += len(msgs)
+	}
+}
+
+// History goes away by TRUNCATE of whole partitions, only once everything
+// in them is settled; relaying and purging leave no dead tuples in the
+// events table, and the bookkeeping tables are emptied by rotation too.
+func TestLogPurgeTruncatesSettledPartitions(t *testing.T) {
+	ctx := context.Background()
+	b := setupLogSized(t, nil, 10, 4, 4)
+	deadTuples := func() int64 {
+		_, err := b.db.ExecContext(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		return dbtest.Count(t, b.db, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '"`+b.table+`"'::regclass)`)
+	}
+
+	// 25 events: seq 1..25, partitions 0 (1–9), 1 (10–19), 2 (20–25).
+	for i := 0; i < 25; i++ {
+		b.addCommitted(t, outbox.Event{Type: "e", Payload: []byte("x")})
+	}
+	// Nothing relayed yet: nothing may go.
+	n, err := b.store.Purgeable(ctx, 0)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	msgs, err := b.store.Claim(ctx, 15, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 15)
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[:12]...))
+	// Partition 0 is published; partition 1 is not all published yet, and
+	// writers are in partition 2, next to 3.
+	n, err = b.store.PurgePublished(ctx, 0)
+	require.NoError(t, err)
+	assert.Zero(t, n, "writers are in partition 2; partition 0 (cur+2) waits for the rotation, or a purge once writers move on")
+
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[12:]...))
+	assert.Equal(t, 10, relayAll(t, b.store))
+	for i := 0; i < 10; i++ { // writers move to partition 3 (seq 30–35)
+		b.addCommitted(t, outbox.Event{Type: "e", Payload: []byte("y")})
+	}
+	n, err = b.store.Purgeable(ctx, time.Hour)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing is an hour old")
+	n, err = b.store.Purgeable(ctx, 0)
+	require.NoError(t, err)
+	assert.EqualValues(t, 10, n, "partition 1 (seq 10–19); writers are in 3, and 0 is next")
+	n, err = b.store.PurgePublished(ctx, 0)
+	require.NoError(t, err)
+	assert.EqualValues(t, 10, n)
+	assert.EqualValues(t, 25, b.count(t, ""), "seq 1–9 and 20–35 are left")
+
+	// The 10 unpublished ones are still there to relay, and the rotation
+	// (every second, from claims) empties what is settled ahead of the
+	// writers.
+	assert.Equal(t, 10, relayAll(t, b.store))
+	assert.Zero(t, deadTuples(), "relaying and purging left no dead tuples in the events table")
+	st, err := b.store.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.Pending)
+	assert.EqualValues(t, 0, st.Parked)
+
+	// Many small batches: the batch and settle tables are rotated by
+	// TRUNCATE, and stay small.
+	for i := 0; i < 40; i++ {
+		b.addCommitted(t, outbox.Event{Type: "e", Payload: []byte("z")})
+		require.Equal(t, 1, relayAll(t, b.store))
+	}
+	_, _, err = b.store.Reconcile(ctx) // rotates at once
+	require.NoError(t, err)
+	latest := dbtest.Count(t, b.db, `SELECT max(batch_id) FROM "`+b.table+`_batch"`)
+	cur := (latest / 4) % 4
+	assert.Zero(t, dbtest.Count(t, b.db, fmt.Sprintf(`SELECT count(*) FROM "%s_batch" WHERE (batch_id / 4) %% 4 NOT IN (%d, %d)`, b.table, cur, (cur+1)%4)),
+		"only the partition of the latest batch and the next one are left")
+	assert.Positive(t, dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_batch" WHERE batch_id = `+fmt.Sprint(latest)), "the cursor is kept")
+	assert.Zero(t, deadTuples())
+	assert.Zero(t, dbtest.Count(t, b.db, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent IN ('"`+b.table+`_batch"'::regclass, '"`+b.table+`_settle"'::regclass))`),
+		"nor in the bookkeeping tables")
+}

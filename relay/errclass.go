@@ -12,7 +12,7 @@ import (
 // fatal reports whether err ends Run: nothing that happens while it runs
 // can repair it.
 func fatal(err error) bool {
-	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool)
+	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool) || errors.Is(err, outbox.ErrInvalidTable)
 }
 
 // Advice returns what a person has to do when err will not go away by

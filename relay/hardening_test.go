@@ -245,3 +245,43 @@ func TestSettleRetriedAfterSessionsTerminated(t *testing.T) {
 	require.Less(t, rate, 0.002, "duplicates must stay below 0.2%")
 	require.EqualValues(t, 0, b.count(t, "attempts > 0"))
 }
+
+// A table that is neither layout an outbox table can have, or a log table
+// of a version this library does not know, is refused: Run stops with an
+// error that says what the table is not.
+func TestTableOfUnknownLayoutStopsRun(t *testing.T) {
+	t.Parallel()
+	db := dbtest.DB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	publish := relay.PublisherFunc(func(context.Context, []outbox.Message) []error {
+		t.Error("nothing may be published")
+		return nil
+	})
+
+	alien := dbtest.Table(t)
+	_, err := db.ExecContext(ctx, `CREATE TABLE "`+alien+`" (id uuid, body text)`)
+	require.NoError(t, err)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: alien, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	r, err := relay.New(store, publish, &relay.Config{Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	err = r.Run(ctx)
+	require.ErrorIs(t, err, outbox.ErrInvalidTable)
+	require.ErrorContains(t, err, "is neither an outbox table of the rows layout")
+	require.NoError(t, ctx.Err(), "Run returned on its own")
+
+	future := dbtest.Table(t)
+	store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: future, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
+	_, err = db.ExecContext(ctx, `UPDATE "`+future+`_log" SET version = 99`)
+	require.NoError(t, err)
+	store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: future, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	r, err = relay.New(store, publish, &relay.Config{Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	err = r.Run(ctx)
+	require.ErrorIs(t, err, outbox.ErrInvalidTable)
+	require.ErrorContains(t, err, "log layout of version 99")
+}
