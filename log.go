@@ -58,7 +58,7 @@ const (
 // logTables names the objects of a table of LayoutLog.
 type logTables struct {
 	meta, batch, settle, failed, seq, view, claimFn string // quoted, qualified
-	chunk, parts, batchChunk               int64
+	chunk, parts, batchChunk                        int64
 }
 
 func (t table) logTables() logTables {
@@ -66,7 +66,7 @@ func (t table) logTables() logTables {
 		meta: t.qualified(t.name + "_log"), batch: t.qualified(t.name + "_batch"), settle: t.qualified(t.name + "_settle"),
 		failed: t.qualified(t.name + "_failed"), seq: t.qualified(t.name + "_seq"), view: t.qualified(t.name + "_messages"),
 		claimFn: t.qualified(t.name + "_claim"),
-		chunk: logChunkDefault, parts: logPartsDefault, batchChunk: logBatchChunkDefault,
+		chunk:   logChunkDefault, parts: logPartsDefault, batchChunk: logBatchChunkDefault,
 	}
 }
 

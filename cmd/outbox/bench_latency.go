@@ -31,8 +31,8 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 			figures[i] = append(figures[i], ms(percentile(lat, p)))
 		}
 		first, last = append(first, ms(fifths[0])), append(last, ms(fifths[1]))
-		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms; %d dead row versions left by the run; relay: %s\n",
-			run, figures[0][run-1], figures[2][run-1], first[run-1], last[run-1], b.deadAfter-b.deadBefore, b.phases)
+		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms; %d dead row versions left by the run%s; relay: %s\n",
+			run, figures[0][run-1], figures[2][run-1], first[run-1], last[run-1], b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
 	}
 	where := "in the bench's process"
 	if b.o.relayProcess {

@@ -88,6 +88,24 @@ WHERE relid = to_regclass($1) OR relid IN (SELECT inhrelid FROM pg_inherits WHER
 	return n
 }
 
+// bookkeeping describes, in the log layout, the rows and dead row versions
+// of the tables beside the events one; "" in the rows layout.
+func (b *bencher) bookkeeping(ctx context.Context) string {
+	if b.o.layout != "log" {
+		return ""
+	}
+	var batches, settles, failed, dead int64
+	_, _ = b.db.ExecContext(ctx, `SELECT pg_stat_force_next_flush()`)
+	err := b.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT (SELECT count(*) FROM "%[1]s_batch"), (SELECT count(*) FROM "%[1]s_settle"), (SELECT count(*) FROM "%[1]s_failed"),
+	(SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relid = to_regclass('"%[1]s_failed"')
+	   OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent IN (to_regclass('"%[1]s_batch"'), to_regclass('"%[1]s_settle"'))))`, b.table)).
+		Scan(&batches, &settles, &failed, &dead)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf(" (in the events table); bookkeeping: %d batch rows, %d settle rows, %d failed rows, %d dead row versions", batches, settles, failed, dead)
+}
+
 // truncateSQL empties the scratch table before a run: in the log layout,
 // with its bookkeeping.
 func (b *bencher) truncateSQL() string {

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// The operators' commands work on a table of the log layout as on one of
+// the rows layout, and schema --apply refuses to mix layouts.
+func TestLogLayoutOperatorCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+
+	code, out, _ := outboxCmd(t, nil, "schema", "--table", table, "--layout", "log")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "PARTITION BY LIST")
+	code, out, _ = outboxCmd(t, nil, "schema", "--table", table, "--layout", "log", "--apply")
+	require.Equal(t, 0, code, out)
+	code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--apply")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "exists with the log layout")
+	code, _, errOut = outboxCmd(t, nil, "schema", "--table", table, "--layout", "heap")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--layout must be rows or log")
+
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}, outbox.Event{Type: "c"}, outbox.Event{Type: "d"}))
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 3, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 3)
+	require.NoError(t, store.MarkFailed(ctx, msgs[0], "exchange \"x\" does not exist"))
+	require.NoError(t, store.MarkFailed(ctx, msgs[1], "unroutable"))
+	require.NoError(t, store.MarkPublished(ctx, msgs[2]))
+
+	code, out, _ = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `pending\s+1\n`, out)
+	require.Regexp(t, `parked\s+2\n`, out)
+
+	code, out, _ = outboxCmd(t, nil, "parked", "--table", table)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, msgs[0].ID)
+	require.Contains(t, out, `exchange "x" does not exist`)
+
+	code, out, _ = outboxCmd(t, nil, "retry", "--table", table, msgs[0].ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "re-armed 1 parked message(s)")
+	code, out, _ = outboxCmd(t, nil, "discard", "--table", table, msgs[1].ID)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "1")
+
+	code, out, _ = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `pending\s+2\n`, out, "the re-armed one and the one never claimed")
+	require.Regexp(t, `parked\s+0\n`, out)
+
+	code, out, _ = outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1h")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "purged 0 published message(s)", "the only partition is the one writers are in")
+}
