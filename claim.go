@@ -61,7 +61,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	}
 	rows, err := db.QueryContext(ctx, s.q.claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
+		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
 	}
 	msgs, err := scanMessages(rows, token.String())
 	if err != nil {
@@ -146,7 +146,7 @@ func (s *Store) fenced(ctx context.Context, what string, kind byte, query string
 	done := make(map[string]bool, len(msgs))
 	for _, token := range tokens {
 		if err := s.fencedClaim(ctx, db, query, ids[token], token, done); err != nil {
-			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, err)
+			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, s.relayout(err))
 		}
 	}
 	if len(done) == len(msgs) {
@@ -218,7 +218,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}
 	if err != nil {
-		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, err)
+		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, s.relayout(err))
 	}
 	if parked {
 		s.warnParked(ctx, msg.ID, attempts, reason)

@@ -28,11 +28,18 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 	var (
 		order  []string
 		groups = make(map[string]*group)
+		lost   []string
 	)
 	for _, m := range msgs {
+		if m.claimToken == "" {
+			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
+		}
 		ref, ok := parseRef(m.claimToken)
 		if !ok {
-			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
+			// Claimed from the table before it was converted to the log
+			// layout: the conversion copied it, to be claimed again.
+			lost = append(lost, m.ID)
+			continue
 		}
 		g := groups[m.claimToken]
 		if g == nil {
@@ -43,7 +50,6 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 		g.ids = append(g.ids, m.ID)
 		g.seqs = append(g.seqs, m.Seq)
 	}
-	var lost []string
 	for _, key := range order {
 		g := groups[key]
 		var (
@@ -122,8 +128,8 @@ WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL R
 func (ls *logStore) markFailed(ctx context.Context, db *sql.DB, msg Message, reason string) error {
 	s := ls.s
 	ref, ok := parseRef(msg.claimToken)
-	if !ok {
-		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
+	if !ok { // claimed before the table was converted to the log layout
+		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}
 	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax)
 	delay := s.backoff(msg.Attempts + 1)

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -374,4 +375,86 @@ WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '"`+b.table+`
 	assert.Zero(t, dbtest.Count(t, b.db, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
 WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent IN ('"`+b.table+`_batch"'::regclass, '"`+b.table+`_settle"'::regclass))`),
 		"nor in the bookkeeping tables")
+}
+
+// A table of the rows layout is converted online: what was not published
+// is in the new table (failed ones with their attempts), the history stays
+// in the old one, and a Store that knew the old layout finds the new one
+// at its next claim; its claims from before are lost leases.
+func TestConvertToLog(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, &outbox.StoreConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+	b.addCommitted(t, events(7)...)
+	old := b.store
+	msgs, err := old.Claim(ctx, 7, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 7)
+	require.NoError(t, old.MarkPublished(ctx, msgs[0]))
+	require.NoError(t, old.MarkFailed(ctx, msgs[1], "once"))
+	require.NoError(t, old.MarkFailed(ctx, msgs[6], "first"))
+	require.NoError(t, old.Release(ctx, msgs[4], msgs[5]))
+	again, err := old.Claim(ctx, 7, time.Minute)
+	require.NoError(t, err)
+	for _, m := range again {
+		if m.ID == msgs[6].ID {
+			require.NoError(t, old.MarkFailed(ctx, m, "second: parked"))
+		} else {
+			require.NoError(t, old.Release(ctx, m))
+		}
+	}
+	// msgs[2] and msgs[3] are in flight at old.
+
+	conv, err := outbox.NewStore(b.db, &outbox.StoreConfig{Table: b.table, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	dry, err := conv.ConvertToLog(ctx, true, time.Second)
+	require.NoError(t, err)
+	assert.EqualValues(t, 4, dry.Pending, "two in flight, two released")
+	assert.EqualValues(t, 2, dry.Failed, "one backing off, one parked")
+	assert.EqualValues(t, 1, dry.History)
+	l, err := conv.Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutRows, l, "a dry run changes nothing")
+
+	done, err := conv.ConvertToLog(ctx, false, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, dry.Pending, done.Pending)
+	assert.Equal(t, b.table+"_rows", done.OldTable)
+	l, err = conv.Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutLog, l)
+	assert.EqualValues(t, 7, dbtest.Count(t, b.db, `SELECT count(*) FROM "`+done.OldTable+`"`), "the history stays in the old table")
+	_, err = conv.ConvertToLog(ctx, false, time.Second)
+	require.ErrorContains(t, err, "has the log layout already")
+
+	// The store that knew the rows layout: its next statement fails and
+	// makes it look again; its claims from before are lost leases.
+	err = old.MarkPublished(ctx, msgs[2])
+	if err != nil && !errors.Is(err, outbox.ErrLeaseLost) {
+		err = old.MarkPublished(ctx, msgs[2])
+	}
+	require.ErrorIs(t, err, outbox.ErrLeaseLost)
+	b.addCommitted(t, outbox.Event{Type: "after"}) // writers write on, into the new table
+	var got []outbox.Message
+	require.Eventually(t, func() bool {
+		more, err := old.Claim(ctx, 10, time.Minute)
+		if err == nil {
+			got = append(got, more...)
+		}
+		return len(got) >= 6
+	}, 10*time.Second, 10*time.Millisecond)
+	want := []string{msgs[1].ID, msgs[2].ID, msgs[3].ID, msgs[4].ID, msgs[5].ID}
+	gotIDs := ids(got)
+	assert.Subset(t, gotIDs, want, "every unpublished, unparked message is claimed again")
+	assert.Len(t, gotIDs, 6, "and the one written after")
+	for _, m := range got {
+		if m.ID == msgs[1].ID {
+			assert.Equal(t, 1, m.Attempts, "its attempt came along")
+		}
+	}
+	parked, err := old.Parked(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	assert.Equal(t, msgs[6].ID, parked[0].ID)
+	assert.Equal(t, "second: parked", parked[0].LastError)
+	require.NoError(t, old.MarkPublished(ctx, got...))
 }

@@ -295,6 +295,37 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	return c.printOrApply(ctx, ddl, *apply)
 }
 
+func cmdConvert(ctx context.Context, x *cli, args []string) error {
+	c := newCommon("convert", x, outbox.TableDefault)
+	to := c.fs.String("to", "", "the layout to convert the table to: log (the only conversion so far)")
+	dryRun := c.fs.Bool("dry-run", false, "count what would be copied and print the DDL of the new table, and change nothing")
+	lockTimeout := c.fs.Duration("lock-timeout", 5*time.Second, "how long to wait for the writers in progress before giving up (writers wait for the conversion meanwhile)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if *to != "log" {
+		return c.usageError("--to log is required (the only conversion so far)")
+	}
+	db, store, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	conv, err := store.ConvertToLog(ctx, *dryRun, *lockTimeout)
+	if err != nil {
+		return c.explain(err)
+	}
+	if *dryRun {
+		fmt.Fprint(c.stdout, conv.DDL)
+		fmt.Fprintf(c.stdout, "\n-- dry run: would rename %s to %s (keeping its %d published message(s) as history), create the table above and copy %d message(s) to publish and %d failed or parked one(s); nothing was changed\n",
+			c.table, conv.OldTable, conv.History, conv.Pending, conv.Failed)
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "converted %s to the log layout in %s: %d message(s) to publish and %d failed or parked one(s) copied; its history (%d published) is in %s, to drop when you no longer need it\n",
+		c.table, conv.Took.Round(time.Millisecond), conv.Pending, conv.Failed, conv.History, conv.OldTable)
+	return nil
+}
+
 // checkLayout refuses to apply the DDL of one layout to an existing table
 // of another.
 func (c *common) checkLayout(ctx context.Context, want outbox.Layout) error {

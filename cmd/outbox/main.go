@@ -7,7 +7,8 @@
 //	outbox retry   [flags] ID...      re-arm parked messages (--all-parked for all)
 //	outbox discard [flags] ID...      give up on parked messages, keeping their record
 //	outbox purge   --older-than 168h  delete old published messages
-//	outbox schema  [--apply]          print (or create) the table's DDL
+//	outbox schema  [--apply]          print (or create) the table's DDL (--layout rows|log)
+//	outbox convert --to log           turn a rows table into a log table, online (--dry-run)
 //	outbox bench   [flags]            measure throughput and latency on a scratch table
 //	outbox inbox   schema|purge       the consumers' inbox table (package inbox)
 //
