@@ -9,8 +9,9 @@ help: ## list the targets
 	@grep -E '^[a-z/]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: ## run every test with the race detector against local PostgreSQL and RabbitMQ
+test: ## run every test with the race detector against local PostgreSQL and RabbitMQ, and the relay's again on the log layout
 	$(GO) test -race -count=1 -timeout 8m ./...
+	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m ./relay
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
