@@ -193,25 +193,34 @@ func TestVerifyCommand(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "outbox")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
-	cmd := exec.Command(bin, "verify", "--duration", "5s", "--rate", "100", "--fault-every", "1s", "--lease", "1s",
-		"--ordered", "--inbox", "--keys", "10", "--json")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
-	var stderr dbtest.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	require.NoError(t, err, "%s\n%s", stdout, stderr.String())
-	var rep verifyReport
-	require.NoError(t, json.Unmarshal(stdout, &rep), "%s", stdout)
-	require.True(t, rep.OK, "%s", stdout)
-	require.Zero(t, rep.Lost+rep.Phantom+rep.OrderViolations)
-	require.Positive(t, rep.Committed)
-	require.Positive(t, rep.RolledBack, "some transactions were rolled back on purpose")
-	require.Equal(t, rep.Committed, rep.Inbox.Effects, "every committed event had one effect")
-	for _, f := range verifyFaults {
-		require.Positive(t, rep.Faults[f], "every fault at least once, however short the run: %v", rep.Faults)
+	for name, extra := range map[string][]string{
+		"ordered":    {"--ordered"},
+		"log layout": {"--layout", "log"}, // issue 20: the log layout keeps the promise under the same faults
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"verify", "--duration", "5s", "--rate", "100", "--fault-every", "1s", "--lease", "1s",
+				"--inbox", "--keys", "10", "--json"}, extra...)
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+			var stderr dbtest.Buffer
+			cmd.Stderr = &stderr
+			stdout, err := cmd.Output()
+			require.NoError(t, err, "%s\n%s", stdout, stderr.String())
+			var rep verifyReport
+			require.NoError(t, json.Unmarshal(stdout, &rep), "%s", stdout)
+			require.True(t, rep.OK, "%s", stdout)
+			require.Zero(t, rep.Lost+rep.Phantom+rep.OrderViolations)
+			require.Positive(t, rep.Committed)
+			require.Positive(t, rep.RolledBack, "some transactions were rolled back on purpose")
+			require.Equal(t, rep.Committed, rep.Inbox.Effects, "every committed event had one effect")
+			for _, f := range verifyFaults {
+				require.Positive(t, rep.Faults[f], "every fault at least once, however short the run: %v", rep.Faults)
+			}
+			require.Contains(t, stderr.String(), "verify:    1s  written")
+			require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1 || '%'`, rep.Table), "the scratch tables are dropped")
+		})
 	}
-	require.Contains(t, stderr.String(), "verify:    1s  written")
-	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, rep.Table), "the scratch table is dropped")
 
 	code, _, errOut := outboxCmd(t, nil, "verify", "--faults", "kill,flood")
 	require.Equal(t, 2, code)

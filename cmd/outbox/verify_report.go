@@ -98,7 +98,7 @@ func (v *verifier) report(took time.Duration, final *committedRows, effects map[
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	inTable, byKey := final.ids, final.byKey
-	rep := &verifyReport{Table: v.table, Exchange: v.exchange, Queue: v.queue, Seconds: math.Round(took.Seconds()*10) / 10, Ordered: v.o.ordered,
+	rep := &verifyReport{Table: v.table, Exchange: v.exchange, Queue: v.queue, Seconds: math.Round(took.Seconds()*10) / 10, Ordered: v.o.ordered, Layout: v.o.layout,
 		Written: v.written, RolledBack: v.rolledBack, Committed: len(inTable), Deliveries: v.deliveries, Faults: v.faults}
 	var lat []time.Duration
 	for id := range inTable {
@@ -169,7 +169,7 @@ func (v *verifier) print(r *verifyReport) {
 	if r.Ordered {
 		mode = "ordered by key"
 	}
-	fmt.Fprintf(w, "verify: %.0fs, %s; written %d, rolled back %d, committed %d; %d deliveries\n", r.Seconds, mode, r.Written, r.RolledBack, r.Committed, r.Deliveries)
+	fmt.Fprintf(w, "verify: %.0fs, %s, %s layout; written %d, rolled back %d, committed %d; %d deliveries\n", r.Seconds, mode, r.Layout, r.Written, r.RolledBack, r.Committed, r.Deliveries)
 	fmt.Fprintf(w, "  lost              %d\n  phantom           %d\n  duplicates        %d\n", r.Lost, r.Phantom, r.Duplicates)
 	if r.Ordered {
 		fmt.Fprintf(w, "  order violations  %d\n", r.OrderViolations)
