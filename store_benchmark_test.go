@@ -28,6 +28,13 @@ func BenchmarkAdd(b *testing.B) {
 	pool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: store.Table()})
 	require.NoError(b, err)
 	require.NoError(b, pool.CreateSchemaIfAbsent(ctx))
+	// The log layout (issue 20): the same INSERT, into a partitioned table
+	// with two indexes and a BRIN one.
+	logged, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: dbtest.Table(b)})
+	require.NoError(b, err)
+	logPool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: logged.Table()})
+	require.NoError(b, err)
+	require.NoError(b, logPool.CreateLogSchemaIfAbsent(ctx))
 	orders := dbtest.Table(b)
 	_, err = db.ExecContext(ctx, `CREATE TABLE "`+orders+`" (id bigserial PRIMARY KEY, total bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(b, err)
@@ -35,13 +42,15 @@ func BenchmarkAdd(b *testing.B) {
 	for _, c := range []struct {
 		n     int
 		store *outbox.Store
-	}{{0, store}, {1, store}, {10, store}, {1, ordered}, {10, ordered}} {
+	}{{0, store}, {1, store}, {1, logged}, {10, store}, {10, logged}, {1, ordered}, {10, ordered}} {
 		name := fmt.Sprintf("events=%d", c.n)
 		switch {
 		case c.n == 0:
 			name = "business_only"
 		case c.store == ordered:
 			name += "/ordered"
+		case c.store == logged:
+			name += "/log"
 		}
 		evts, store := events(c.n), c.store
 		b.Run(name, func(b *testing.B) {
