@@ -122,8 +122,6 @@ ALTER SEQUENCE {seq} OWNED BY {table}.seq;
 {partitions}
 -- Relays read the events of a window of transactions in this order.
 CREATE INDEX IF NOT EXISTS "{name}_tx_idx" ON {table} (tx, seq);
--- Purges find the partitions with nothing younger than their cutoff.
-CREATE INDEX IF NOT EXISTS "{name}_created_idx" ON {table} USING brin (created_at);
 -- Operators find a message by id.
 CREATE INDEX IF NOT EXISTS "{name}_id_idx" ON {table} (id);
 

@@ -212,7 +212,7 @@ func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan
 		return 0, err
 	}
 	if count {
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+part).Scan(&n); err != nil {
+		if n, err = estimateRows(ctx, tx, part); err != nil {
 			return 0, err
 		}
 	}
@@ -220,6 +220,23 @@ func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan
 		return 0, err
 	}
 	return n, tx.Commit()
+}
+
+// estimateRows returns the planner's count of a partition's rows
+// (pg_class.reltuples, kept by autovacuum as the partition fills): counting
+// a partition of millions of rows would take longer than dropping it. A
+// partition never analysed is counted.
+func estimateRows(ctx context.Context, q querier, part string) (int64, error) {
+	var n float64
+	if err := q.QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = $1::regclass`, part).Scan(&n); err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		var c int64
+		err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+part).Scan(&c)
+		return c, err
+	}
+	return int64(n), nil
 }
 
 // purgeableNow says whether every event of the partition is settled (it is
@@ -230,8 +247,12 @@ func (ls *logStore) purgeableNow(ctx context.Context, q querier, part string, ol
 		return false, err
 	}
 	var ok bool
+	// The age is that of the newest transaction by id (its start, by the
+	// database clock): one probe of the tx index, where a scan for any row
+	// younger than the cutoff would read the partition.
 	err = q.QueryRowContext(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+part+` WHERE tx >= pg_snapshot_xmin($1::pg_snapshot) AND NOT pg_visible_in_snapshot(tx, $1::pg_snapshot))
-	AND NOT EXISTS (SELECT 1 FROM `+part+` WHERE created_at >= now() - $2::bigint * interval '1 microsecond')`, h, olderThan.Microseconds()).Scan(&ok)
+	AND coalesce((SELECT created_at < now() - $2::bigint * interval '1 microsecond' FROM `+part+` ORDER BY tx DESC, seq DESC LIMIT 1), true)`,
+		h, olderThan.Microseconds()).Scan(&ok)
 	return ok, err
 }
 
@@ -321,8 +342,8 @@ func (ls *logStore) purgeable(ctx context.Context, db *sql.DB, olderThan time.Du
 		if !ok {
 			continue
 		}
-		var n int64
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+part).Scan(&n); err != nil {
+		n, err := estimateRows(ctx, db, part)
+		if err != nil {
 			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", ls.s.t.full, err)
 		}
 		total += n
