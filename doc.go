@@ -89,4 +89,26 @@
 // The schema is part of the contract; see [Schema] for its DDL and
 // [Migrations] for the same as migration files. Table names are validated
 // and quoted, and user data only ever travels as bind parameters.
+//
+// A table has one of two layouts ([Layout]), recorded in the database when
+// it is created and read from there by every Store ([Store.Layout]): no
+// configuration chooses it. [LayoutRows] ([Schema]) keeps one row per
+// message and updates it as the message moves on; [LayoutLog] ([LogSchema])
+// only ever inserts events, records what relays did in small insert-only
+// tables beside them, and empties whole partitions by TRUNCATE, so that
+// relaying leaves no dead tuples behind and keeps its speed while VACUUM is
+// held back. [Store.ConvertToLog] turns the first into the second, online.
+//
+// How the log layout hands out events: each event carries the id of the
+// transaction that wrote it (tx). A claim takes a window of transactions,
+// those visible in snapshot hi and not in snapshot lo (the previous
+// window's hi), in the order of (tx, seq), a batch at a time. Every
+// committed transaction falls in exactly one window, the first whose hi
+// sees it, however late it commits and whatever seq it drew: a cursor over
+// seq or time would skip a transaction that drew its number before another
+// and committed after it. A batch row records the window and the part of it
+// taken; settles are rows too; a batch whose lease ran out is taken over
+// under its next gen, and marks are fenced by the gen. A partition is
+// emptied only when every event in it is visible in the horizon: the lo of
+// the oldest unfinished batch, or the cursor.
 package outbox

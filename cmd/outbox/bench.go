@@ -211,6 +211,7 @@ type bencher struct {
 	payload         []byte
 	stderr          io.Writer
 	phases          *phaseObserver // of the last relay run
+	lastMinute      time.Duration  // p99 of the last minute of the last latency run (runs over two minutes)
 	deadBefore      int64          // the table's dead row versions before and after the last latency run
 	deadAfter       int64
 }
@@ -232,7 +233,8 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 			return err
 		}
 		broker, relayed, outOfOrder = append(broker, limit), append(relayed, rate), outOfOrder+late
-		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s, relay %.0f msgs/s; relay: %s\n", run, limit, rate, b.phases)
+		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s, relay %.0f msgs/s; %d dead row versions left by the run%s; relay: %s\n",
+			run, limit, rate, b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
 		if b.o.ordered {
 			rate, late, err := b.relayRun(ctx, b.orderedStore)
 			if err != nil {
@@ -411,6 +413,8 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 	if _, err := b.db.ExecContext(ctx, b.truncateSQL()); err != nil {
 		return 0, 0, err
 	}
+	b.deadBefore = b.deadTuples(ctx) // PostgreSQL's count runs on across a TRUNCATE
+	defer func() { b.deadAfter = b.deadTuples(ctx) }()
 	for from := 0; from < b.o.messages; from += b.o.perTx {
 		keys := make([]string, 0, b.o.perTx)
 		for i := from; i < min(from+b.o.perTx, b.o.messages); i++ {

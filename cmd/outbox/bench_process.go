@@ -103,7 +103,13 @@ func (b *bencher) bookkeeping(ctx context.Context) string {
 	if err != nil {
 		return ""
 	}
-	return fmt.Sprintf(" (in the events table); bookkeeping: %d batch rows, %d settle rows, %d failed rows, %d dead row versions", batches, settles, failed, dead)
+	exact := ""
+	var stt sql.NullInt64 // pgstattuple, when installed, reads the pages themselves
+	if b.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = to_regclass('"%s"')
+	AND EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgstattuple')`, b.table)).Scan(&stt) == nil && stt.Valid {
+		exact = fmt.Sprintf(", %d by pgstattuple", stt.Int64)
+	}
+	return fmt.Sprintf(" (in the events table%s); bookkeeping: %d batch rows, %d settle rows, %d failed rows, %d dead row versions", exact, batches, settles, failed, dead)
 }
 
 // truncateSQL empties the scratch table before a run: in the log layout,
