@@ -52,6 +52,21 @@ const KeyHeader = "x-event-key"
 // properties.
 const HeadersMaxBytes = 64 << 10
 
+// KeyMaxBytes is the longest Event.Key Add accepts. The rows layout indexes
+// keys (with seq), and a B-tree entry holds at most 2,704 bytes: a longer
+// key would fail the INSERT, and with it the caller's transaction, with
+// PostgreSQL's "index row size exceeds btree maximum". Add refuses it first,
+// with ErrInvalidEvent, in every mode and layout. Hash a longer natural key
+// (the key names an aggregate; it need not be the aggregate).
+const KeyMaxBytes = 2048
+
+// keyLockSlots is how many advisory locks the writers of an ordered table
+// share: a key takes the slot its hash falls in, so that one transaction
+// takes at most this many locks however many keys it writes (a lock per key
+// ran out of shared memory at 15,000 keys), and two writers of colliding
+// keys only wait on each other.
+const keyLockSlots = 1024
+
 // Add writes events into the outbox through tx, the caller's open
 // transaction, so that they are published if and only if that transaction
 // commits. Add never uses the Store's own pool.
@@ -312,6 +327,9 @@ func checkEvent(e *Event, exchange, key string, headers map[string]string) error
 		if f.short && len(f.v) > shortStrMax {
 			return bad("the %s is %d bytes; AMQP allows at most %d", f.what, len(f.v), shortStrMax)
 		}
+	}
+	if len(e.Key) > KeyMaxBytes {
+		return bad("the Key is %d bytes; at most %d (KeyMaxBytes), as PostgreSQL indexes it: hash a longer key", len(e.Key), KeyMaxBytes)
 	}
 	size := 4 // the table's length
 	if e.Key != "" {

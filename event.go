@@ -26,8 +26,11 @@ type Event struct {
 	Type string
 
 	// Key identifies the aggregate the event is about (an order id, say). It
-	// travels as the "x-event-key" header and is a hint for consumers that
-	// partition or order by aggregate; the outbox itself does not order by it.
+	// travels as the "x-event-key" header. In ordered mode
+	// (StoreConfig.Ordering) the outbox keeps the order of each key's
+	// messages: writers of a key take turns and relays publish a key's
+	// messages one after another; unordered, it is a hint for consumers
+	// that partition by aggregate. At most KeyMaxBytes.
 	Key string
 
 	// Payload is the message body, sent as is.

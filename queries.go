@@ -1,6 +1,9 @@
 package outbox
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // queries holds the SQL of a Store, built once from its validated table
 // name. User data never enters these texts: it travels as bind parameters.
@@ -160,10 +163,12 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 	LIMIT $2
 )`),
 
-		// Ordered mode: writers of one key take turns (see Store.Add). The
-		// keys arrive sorted, so that two transactions locking the same
-		// keys take them in the same order.
-		lock: `SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || k, 0))) FROM unnest($2::text[]) AS k`,
+		// Ordered mode: writers of one key take turns (see Store.Add).
+		// Each key takes the lock of its slot (keyLockSlots), in the
+		// order of the slots, so that two writers never take two slots in
+		// opposite orders.
+		lock: `SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':slot:' || s, 0)))
+FROM (SELECT DISTINCT hashtextextended(k, 0) & ` + strconv.Itoa(keyLockSlots-1) + ` AS s FROM unnest($2::text[]) AS k ORDER BY 1) AS slots`,
 
 		// Ordered mode, Store.Reconcile: hold the waiting messages of keys
 		// whose head has failed, found among the keys with held or parked

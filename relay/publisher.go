@@ -50,7 +50,10 @@ type ConfirmingPublisher interface {
 }
 
 // Store is everything the relay uses of its storage; *outbox.Store is the
-// implementation. Every method is required, so that a type that wraps a
+// implementation, on a table of either layout (outbox.LayoutRows, whose
+// claims lease rows, or outbox.LayoutLog, whose claims lease windows of
+// transactions in an insert-only log): the stages are the same for both.
+// Every method is required, so that a type that wraps a
 // store either forwards all of them (embedding a Store does) or fails to
 // compile: nothing a relay relies on, ordered mode above all, can be lost
 // silently by wrapping.

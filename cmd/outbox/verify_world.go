@@ -144,6 +144,30 @@ func (v *verifier) quiet() *slog.Logger {
 // transactions, never by cancelling one: a COMMIT cut short by a context
 // may still land on the server after the writer gave up on it.
 func (v *verifier) write(ctx context.Context, store *outbox.Store, end time.Time) error {
+	if v.o.longTx {
+		// One transaction open for the whole run, committed after the
+		// others: its event must arrive, after every window of
+		// transactions that committed meanwhile went by.
+		tx, err := v.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		added, err := store.AddIDs(ctx, tx, outbox.Event{Type: "verify.long", Payload: []byte(`{"long":true}`)})
+		if err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		v.mu.Lock()
+		v.written++
+		v.mu.Unlock()
+		defer func() {
+			if tx.Commit() == nil {
+				v.mu.Lock()
+				v.committed[added[0]] = time.Now()
+				v.mu.Unlock()
+			}
+		}()
+	}
 	interval := time.Duration(float64(time.Second) / v.o.rate)
 	next := time.Now()
 	for i := 0; time.Now().Before(end); i++ {
