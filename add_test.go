@@ -98,7 +98,7 @@ func TestAddRefusesWhatCannotBeSent(t *testing.T) {
 		want string
 	}{
 		"header of 200 KiB":          {outbox.Event{Type: "x", Headers: map[string]string{"h": big}}, "more than the 65536 of HeadersMaxBytes"},
-		"key of 200 KiB":             {outbox.Event{Type: "x", Key: big}, "more than the 65536 of HeadersMaxBytes"},
+		"key of 200 KiB":             {outbox.Event{Type: "x", Key: big}, "the Key is 204800 bytes; at most 2048 (KeyMaxBytes)"},
 		"many headers":               {outbox.Event{Type: "x", Headers: manyHeaders(100, 1000)}, "HeadersMaxBytes"},
 		"NUL in type":                {outbox.Event{Type: "x\x00y"}, "Type is not valid UTF-8 text or holds a NUL byte"},
 		"NUL in key":                 {outbox.Event{Type: "x", Key: "k\x00"}, "Key is not valid UTF-8"},
