@@ -132,6 +132,11 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
+	// Writers, the relay and the consumer share this pool: keep their
+	// connections (database/sql keeps 2 idle by default and closes the
+	// rest, so that every burst opens new sessions, each loading the
+	// catalog again), as outbox relay keeps 8 of its own.
+	db.SetMaxIdleConns(max(16, 2*o.writers+o.inFlight+2))
 	ordered, err := outbox.NewStore(db, &outbox.StoreConfig{Router: outbox.ToExchange(exchange), Table: c.table, Ordering: outbox.OrderedByKey})
 	if err != nil {
 		return err
