@@ -26,6 +26,10 @@ func (s *Store) pool() (*sql.DB, error) {
 // the caller for the given duration, by the database clock. It returns them
 // oldest first, and an empty slice when there is nothing to do.
 //
+// On a table of LayoutLog, a claim that takes over the batch of a relay
+// whose lease ran out takes all of it, which can be more than n when that
+// relay claimed with a larger n.
+//
 // A claim stops short of n messages when their payloads and headers would
 // exceed StoreConfig.BatchMaxBytes; it always returns at least one message
 // when one is ready, however large.

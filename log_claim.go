@@ -168,7 +168,7 @@ func (ls *logStore) maintainDue() bool { return ls.due(&ls.nextMaintain, time.Se
 // every 250ms, and at once after a release in this process.
 func (ls *logStore) scanDue() bool { return ls.due(&ls.nextScan, 250*time.Millisecond) }
 
-// due says whether the time *next has come, and if so sets it every later.
+// due says whether the time *next has come, and if so moves it on by every.
 func (ls *logStore) due(next *time.Time, every time.Duration) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -196,12 +196,12 @@ func (ls *logStore) failedSoon() {
 	ls.mu.Unlock()
 }
 
-func (ls *logStore) claimFailed(ctx context.Context, tx *sql.DB, n int, lease time.Duration) ([]Message, error) {
+func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
+	rows, err := db.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
 	if err != nil {
 		return nil, err
 	}

@@ -152,7 +152,7 @@ func (ls *logStore) partition(i int64) string {
 // purge truncates the partitions of the events table whose every event is
 // settled and older than olderThan, other than the one writers are in and
 // the next; only, when not negative, names the one partition to look at.
-// Each TRUNCATE waits at most 100ms for its lock and is skipped otherwise:
+// Each TRUNCATE waits at most 50ms for its lock and is skipped otherwise:
 // writers never wait behind it, since they insert into other partitions.
 func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, only int64) (int64, error) {
 	cur, err := ls.current(ctx, db)
@@ -196,7 +196,11 @@ func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan
 	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+part+`)`).Scan(&any); err != nil || !any {
 		return 0, err
 	}
-	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
+	// Look before taking the lock, which claims would queue behind.
+	if ok, err := ls.purgeableNow(ctx, tx, part, olderThan); err != nil || !ok {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
 		return 0, err
 	}
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+part+` IN ACCESS EXCLUSIVE MODE`); err != nil {
@@ -298,11 +302,18 @@ func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) er
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	var any bool
+	unfinishedSQL := strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM ` + unsettledFrom + ` WHERE u.remaining > 0)`)
+	// Look before taking the lock: claims queue behind a LOCK that waits,
+	// and a partition just left behind by the batch ids holds batches in
+	// flight for a few seconds.
+	var any, unfinished bool
 	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+bp+`)`).Scan(&any); err != nil || !any {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
+	if err := tx.QueryRowContext(ctx, unfinishedSQL).Scan(&unfinished); err != nil || unfinished {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+bp+`, `+sp+` IN ACCESS EXCLUSIVE MODE`); err != nil {
@@ -311,10 +322,9 @@ func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) er
 		}
 		return err
 	}
-	// Under the lock: is every batch here finished?
-	var unfinished bool
-	err = tx.QueryRowContext(ctx, strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM `+unsettledFrom+` WHERE u.remaining > 0)`)).Scan(&unfinished)
-	if err != nil || unfinished {
+	// Again under the lock: a batch of this partition may have been taken
+	// over meanwhile.
+	if err := tx.QueryRowContext(ctx, unfinishedSQL).Scan(&unfinished); err != nil || unfinished {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, `TRUNCATE `+bp+`, `+sp); err != nil {
