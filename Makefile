@@ -8,9 +8,17 @@ BENCH ?= .
 help: ## list the targets
 	@grep -E '^[a-z/]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
+# The relay's tests that kill, cut and terminate, again on tables of the log
+# layout (the whole suite on them: make test/log).
+LOG_SMOKE = TestRelayKilledMidBatch|TestSettleRetriedAfterSessionsTerminated|TestTwoRelaysOneTable|TestConnectionCutMidStream|TestGracefulShutdownReleasesClaims|TestUnroutableMessageFailsAndParks|TestBrokerClosesConnection|TestPipeline
+
 .PHONY: test
-test: ## run every test with the race detector against local PostgreSQL and RabbitMQ, and the relay's again on the log layout
+test: ## run every test with the race detector against local PostgreSQL and RabbitMQ, and the relay's fault tests again on the log layout
 	$(GO) test -race -count=1 -timeout 8m ./...
+	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 4m -run '$(LOG_SMOKE)' ./relay
+
+.PHONY: test/log
+test/log: ## the relay's whole suite on tables of the log layout (OUTBOX_TEST_LAYOUT=log)
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m ./relay
 
 .PHONY: lint
