@@ -33,7 +33,7 @@ bench: ## run the benchmarks; ITERATIONS=N runs each N times (default 1, a smoke
 
 .PHONY: bench/smoke
 bench/smoke: ## every benchmark once, on small inputs (what CI runs)
-	OUTBOX_BENCH_HISTORY=20000 OUTBOX_BENCH_MESSAGES=2000 OUTBOX_BENCH_SECONDS=1 \
+	OUTBOX_BENCH_HISTORY=20000 OUTBOX_BENCH_MESSAGES=2000 OUTBOX_BENCH_SECONDS=1 OUTBOX_BENCH_PURGE_EVENTS=20000 \
 		$(GO) test -run='^$$' -bench=. -benchtime=1x ./... > /dev/null
 
 .PHONY: generate
