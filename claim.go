@@ -89,10 +89,8 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 			&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt); err != nil {
 			return nil, err
 		}
-		if len(headers) > 2 {
-			if err := json.Unmarshal(headers, &m.Headers); err != nil {
-				return nil, fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
-			}
+		if err := m.decodeHeaders(headers); err != nil {
+			return nil, err
 		}
 		m.ClaimedUntil = claimed.Time
 		m.ParkedAt = parkedAt.Time
@@ -100,6 +98,17 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 		msgs = append(msgs, m)
 	}
 	return msgs, rows.Err()
+}
+
+// decodeHeaders sets m.Headers from the jsonb of its row ('{}': none).
+func (m *Message) decodeHeaders(raw []byte) error {
+	if len(raw) <= 2 {
+		return nil
+	}
+	if err := json.Unmarshal(raw, &m.Headers); err != nil {
+		return fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
+	}
+	return nil
 }
 
 // MarkPublished records that the messages reached the broker. It changes

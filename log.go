@@ -291,9 +291,7 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.logSQL(s.t.logTables())); err != nil {
 		return fmt.Errorf("outbox: creating log schema of %s: %w", s.t.full, err)
 	}
-	s.layoutMu.Lock()
-	s.layoutKnown = 0
-	s.layoutMu.Unlock()
+	s.forgetLayout()
 	return nil
 }
 
@@ -335,7 +333,7 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 	}
 	switch {
 	case !kind.Valid:
-		return 0, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or StoreConfig's CreateSchemaIfAbsent)", s.t.full)
+		return 0, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", s.t.full)
 	case hasMeta && kind.String == "p":
 		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk FROM "+l.meta+" LIMIT 1").Scan(&version, &chunk, &parts, &bchunk)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -14,23 +13,10 @@ import (
 	"github.com/google/uuid"
 )
 
-// How a table of LayoutLog hands out its events.
-//
-// Writers only insert. Each event carries tx, the id of the transaction
-// that wrote it. A claim takes a window of transactions: those visible in
-// snapshot hi and not in snapshot lo, where lo is the previous window's hi.
-// Every committed transaction is in exactly one window (the first whose hi
-// sees it), whatever seq it drew and however late it committed, so no
-// event is skipped: a cursor over seq or time would skip a transaction
-// that drew its number before another and committed after it. Within a
-// window the events go out in the order of (tx, seq), batch by batch; a
-// batch row records the window and the part of it taken, (after, last].
-//
-// Claims of a table are serialised by a transaction-scoped advisory lock;
-// they are short (a few index probes and one insert). Nothing is updated:
-// a settle is a row in the settle table, a batch taken over after its lease
-// is a new batch row of the next gen, and a message that fails is copied to
-// the failed table, from which later attempts take it.
+// How a table of LayoutLog hands out its events: see the package doc,
+// "The table". Claims of a table are serialised by a transaction-scoped
+// advisory lock (lockKey); nothing here updates a row of the events or the
+// batch and settle tables.
 
 // logStore is a Store's relay-side half on a table of LayoutLog.
 type logStore struct {
@@ -54,7 +40,7 @@ func newLogStore(s *Store, l logTables) *logStore {
 	ls := &logStore{s: s, l: l}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid)`
 	// The messages of batch $1 that no gen published or failed.
-	ls.reclaimSQL = r.Replace(`SELECT {columns}, o.tx::text, false FROM {table} AS o
+	ls.reclaimSQL = r.Replace(`SELECT {columns}, 0, '', NULL::timestamptz, NULL::timestamptz FROM {table} AS o
 WHERE (o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($2::pg_snapshot))) OR (o.tx >= pg_snapshot_xmax($2::pg_snapshot) AND o.tx < pg_snapshot_xmax($3::pg_snapshot)))
   AND pg_visible_in_snapshot(o.tx, $3::pg_snapshot)
   AND (o.tx, o.seq) > ($4::xid8, $5::bigint) AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
@@ -287,7 +273,7 @@ func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool,
 	if err != nil {
 		return nil, err
 	}
-	msgs, _, _, err = scanLog(rs, ref.String())
+	msgs, err = scanMessages(rs, ref.String())
 	if err != nil {
 		return nil, err
 	}
@@ -319,10 +305,8 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 			&m.ContentType, &headers, &m.CreatedAt); err != nil {
 			return nil, err
 		}
-		if len(headers) > 2 {
-			if err := json.Unmarshal(headers, &m.Headers); err != nil {
-				return nil, fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
-			}
+		if err := m.decodeHeaders(headers); err != nil {
+			return nil, err
 		}
 		m.claimToken = batchRef{batch: batch}.String()
 		msgs = append(msgs, m)
@@ -347,36 +331,4 @@ RETURNING lease_until`, b.id, b.gen, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx
 		msgs[i].ClaimedUntil = until
 	}
 	return msgs, nil
-}
-
-// scanLog reads events of the log table with their tx and whether the
-// batch's byte limit cut them off; it returns the messages before the
-// cut, the tx of each and whether anything was cut.
-func scanLog(rows *sql.Rows, ref string) (msgs []Message, txs []string, cut bool, err error) {
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			m       Message
-			tx      string
-			headers []byte
-			over    bool
-		)
-		if err := rows.Scan(&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
-			&m.ContentType, &headers, &m.CreatedAt, &tx, &over); err != nil {
-			return nil, nil, false, err
-		}
-		if over || cut {
-			cut = true
-			continue
-		}
-		if len(headers) > 2 {
-			if err := json.Unmarshal(headers, &m.Headers); err != nil {
-				return nil, nil, false, fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
-			}
-		}
-		m.claimToken = ref
-		txs = append(txs, tx)
-		msgs = append(msgs, m)
-	}
-	return msgs, txs, cut, rows.Err()
 }

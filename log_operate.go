@@ -28,15 +28,23 @@ func (ls *logStore) r() *strings.Replacer {
 // latestCTE is the newest batch row: the cursor of the table.
 const latestCTE = `l AS (SELECT lo, hi, last_tx, last_seq, more FROM {batch} ORDER BY batch_id DESC, gen DESC LIMIT 1)`
 
-// freshWhere selects the events no claim has taken: those not visible in
-// the cursor's hi, and the rest of its window when it has more.
-const freshWhere = `(NOT EXISTS (SELECT 1 FROM l) OR EXISTS (SELECT 1 FROM l WHERE o.tx >= pg_snapshot_xmin(l.lo) AND (
-	NOT pg_visible_in_snapshot(o.tx, l.hi)
-	OR (l.more AND (o.tx, o.seq) > (l.last_tx, l.last_seq) AND NOT pg_visible_in_snapshot(o.tx, l.lo)))))`
+// freshCTE is the events no claim has taken yet: those not visible in
+// the cursor's hi (a range of the tx index from hi's xmin), the rest of its
+// window when it has more (a range from its last event), and every event
+// before the first claim; each part is limited to $1.
+const freshCTE = `fresh AS (
+	(SELECT o.created_at FROM l, {table} AS o
+	 WHERE o.tx >= pg_snapshot_xmin(l.hi) AND NOT pg_visible_in_snapshot(o.tx, l.hi) LIMIT $1)
+	UNION ALL
+	(SELECT o.created_at FROM l, {table} AS o
+	 WHERE l.more AND (o.tx, o.seq) > (l.last_tx, l.last_seq) AND o.tx < pg_snapshot_xmax(l.hi)
+	   AND pg_visible_in_snapshot(o.tx, l.hi) AND NOT pg_visible_in_snapshot(o.tx, l.lo) LIMIT $1)
+	UNION ALL
+	(SELECT o.created_at FROM {table} AS o WHERE NOT EXISTS (SELECT 1 FROM l) LIMIT $1))`
 
-// unsettledFrom is the latest gen of each batch with the count of its
-// messages not yet published or failed.
-const unsettledFrom = `(SELECT b.batch_id, b.gen, b.lease_until, b.claimed_at,
+// unsettledFrom is the latest gen of each batch, its columns and the count
+// of its messages not yet published or failed (remaining).
+const unsettledFrom = `(SELECT b.*,
 	b.n - (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
 	       WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f')) AS remaining
 	FROM {batch} AS b WHERE NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)) AS u`
@@ -44,7 +52,7 @@ const unsettledFrom = `(SELECT b.batch_id, b.gen, b.lease_until, b.claimed_at,
 func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
 	var c logCounts
 	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`,
-fresh AS (SELECT o.created_at FROM {table} AS o WHERE `+freshWhere+` LIMIT $1),
+`+freshCTE+`,
 u AS (SELECT * FROM `+unsettledFrom+` WHERE u.remaining > 0),
 f AS (SELECT * FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL)
 SELECT (SELECT count(*) FROM fresh),
@@ -128,8 +136,7 @@ func (ls *logStore) horizon(ctx context.Context, q querier) (string, error) {
 	var h sql.NullString
 	err := q.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`
 SELECT coalesce(
-	(SELECT b.lo::text FROM `+unsettledFrom+` JOIN {batch} AS b ON b.batch_id = u.batch_id AND b.gen = u.gen
-	 WHERE u.remaining > 0 AND u.batch_id >= $1 ORDER BY u.batch_id LIMIT 1),
+	(SELECT u.lo::text FROM `+unsettledFrom+` WHERE u.remaining > 0 AND u.batch_id >= $1 ORDER BY u.batch_id LIMIT 1),
 	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`), low).Scan(&h)
 	if err != nil {
 		return "", err
@@ -151,20 +158,20 @@ func (ls *logStore) partition(i int64) string {
 
 // purge truncates the partitions of the events table whose every event is
 // settled and older than olderThan, other than the one writers are in and
-// the next; only, when not negative, names the one partition to look at.
+// the next.
 // Each TRUNCATE waits at most 50ms for its lock and is skipped otherwise:
 // writers never wait behind it, since they insert into other partitions.
-func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, only int64) (int64, error) {
+func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error) {
 	cur, err := ls.current(ctx, db)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
 	for i := int64(0); i < ls.l.parts; i++ {
-		if i == cur || i == (cur+1)%ls.l.parts || (only >= 0 && i != only) {
+		if i == cur || i == (cur+1)%ls.l.parts {
 			continue
 		}
-		n, err := ls.truncate(ctx, db, i, olderThan, only < 0)
+		n, err := ls.truncate(ctx, db, i, olderThan, true)
 		if err != nil {
 			return total, err
 		}

@@ -251,7 +251,7 @@ func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Durat
 	if ls, err := s.logged(ctx); err != nil {
 		return 0, err
 	} else if ls != nil {
-		n, err := ls.purge(ctx, db, olderThan, -1)
+		n, err := ls.purge(ctx, db, olderThan)
 		if err != nil {
 			return n, fmt.Errorf("outbox: purging published messages in %s: %w", s.t.full, err)
 		}
