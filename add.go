@@ -82,16 +82,20 @@ const keyLockSlots = 1024
 // (a cancelled ctx, say), so that a caller who commits after a failed Add
 // never commits part of the events.
 //
-// In ordered mode (StoreConfig.Ordering), Add first takes a lock on each
-// key of the events for the rest of tx (a transaction-scoped advisory lock,
-// keyed by table and key): writers of one key take turns, the second
-// waiting until the first commits or rolls back. A message's place in the
-// order of its key is therefore the order in which the writers' transactions
-// took the key, which is also the order in which they committed; it does not
-// depend on any clock. A transaction that adds events of several keys in
-// several calls can deadlock with another that adds them in the other
-// order; PostgreSQL then aborts one of them (SQLSTATE 40P01). One call
-// takes its keys in a fixed order and never deadlocks by itself.
+// On an ordered table (see OrderedByKey), whatever the store's
+// configuration, the writers of one key take turns: each takes the key's
+// lock for the rest of tx (a transaction-scoped advisory lock, one of
+// keyLockSlots by the key's hash), the second waiting until the first
+// commits or rolls back, and the table's trigger numbers the row only then.
+// A message's place in the order of its key is therefore the order in
+// which the writers' transactions took the key, which is also the order in
+// which they committed; it does not depend on any clock. Add takes the
+// keys of one call in a fixed order first (a store in ordered mode always;
+// an unordered one when the call has several keys and the table is
+// ordered), so one call never deadlocks by itself; a transaction that adds
+// events of several keys in several calls can deadlock with another that
+// adds them in the other order, and PostgreSQL then aborts one of them
+// (SQLSTATE 40P01).
 func (s *Store) Add(ctx context.Context, tx Execer, evts ...Event) error {
 	_, err := s.AddIDs(ctx, tx, evts...)
 	return err
@@ -134,10 +138,8 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 		ids[i] = row[0].(string)
 		args = append(args, row[:]...)
 	}
-	if s.ordering == OrderedByKey {
-		if err := s.lockKeys(ctx, tx, evts); err != nil {
-			return nil, err
-		}
+	if err := s.lockKeys(ctx, tx, evts); err != nil {
+		return nil, err
 	}
 	if len(evts) <= insertChunk {
 		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
@@ -166,7 +168,11 @@ func (s *Store) explainWrite(err error) error {
 // arrayElem escapes a quoted element of a PostgreSQL array literal.
 var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 
-// lockKeys makes the writers of each key of evts take turns (ordered mode).
+// lockKeys makes the writers of each key of evts take turns, in the order
+// of their slots. A store in ordered mode takes them always. An unordered
+// one, when evts have several keys and the table may be ordered (its
+// trigger would take them row by row, and two writers could deadlock),
+// takes them if the table is ordered, and learns that it is not for a while.
 func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	var keys []string
 	for i := range evts {
@@ -179,6 +185,10 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
+	ordered := s.ordering == OrderedByKey
+	if !ordered && (len(keys) < 2 || s.knownUnordered()) {
+		return nil
+	}
 	// An array literal rather than a []string: the writer's driver is the
 	// application's, and not every driver takes slices.
 	var lit strings.Builder
@@ -192,8 +202,18 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 		lit.WriteByte('"')
 	}
 	lit.WriteByte('}')
-	if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String()); err != nil {
+	if ordered {
+		if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String()); err != nil {
+			return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
+		}
+		return nil
+	}
+	res, err := tx.ExecContext(ctx, s.q.lockIfOrdered, s.t.full, lit.String(), s.t.quoted, s.t.orderTrigger())
+	if err != nil {
 		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		s.tm.set(Unordered) // not ordered: skip this statement for a while
 	}
 	return nil
 }

@@ -63,7 +63,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	if err != nil {
 		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
 	}
-	rows, err := db.QueryContext(ctx, s.q.claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
+	rows, err := db.QueryContext(ctx, s.queriesNow().claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
 	}
@@ -117,7 +117,7 @@ func (m *Message) decodeHeaders(raw []byte) error {
 // marked. Such a message was claimed again by another relay, which may
 // publish it a second time: a duplicate, never a loss.
 func (s *Store) MarkPublished(ctx context.Context, msgs ...Message) error {
-	return s.fenced(ctx, "marking published", 'p', s.q.markPublished, msgs)
+	return s.fenced(ctx, "marking published", 'p', s.queriesNow().markPublished, msgs)
 }
 
 // Release gives claims back without counting an attempt: the messages can be
@@ -226,7 +226,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 		attempts int
 		parked   bool
 	)
-	err = db.QueryRowContext(ctx, s.q.markFailed, msg.ID, msg.claimToken, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+	err = db.QueryRowContext(ctx, s.queriesNow().markFailed, msg.ID, msg.claimToken, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}

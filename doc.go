@@ -36,8 +36,7 @@
 //
 // By default ([Unordered]) messages are claimed oldest first but relays
 // publish them side by side, and a message that fails backs off while later
-// ones go ahead. [OrderedByKey], set in [StoreConfig.Ordering] on every
-// Store of a table (writers and relays alike), keeps the order of each key:
+// ones go ahead. An ordered table ([OrderedByKey]) keeps the order of each key:
 // for two messages m1 and m2 with the same non-empty [Event.Key], where m1
 // was written first, the first delivery of m2 never comes before the first
 // delivery of m1 to a queue consumed in order (one consumer, or RabbitMQ's
@@ -45,12 +44,26 @@
 // crashes, lost leases, broker connection loss and shutdown. Messages
 // without a key are not ordered.
 //
-// "Written first" is decided by the database, not by a clock: [Store.Add]
-// takes a transaction-scoped lock on each key before it inserts, and the
-// table numbers messages ([Message.Seq], a sequence) as they are inserted.
-// Writers of one key take turns, the second waiting until the first commits
-// or rolls back, so a key's order is the order in which the writers'
-// transactions took it, which is their commit order.
+// The order is a property of the table, recorded in the database: a table
+// is made ordered by its order trigger ([OrderSchema], `outbox schema
+// --ordered`, a Store in ordered mode's [Store.CreateSchemaIfAbsent]) and
+// converted either way, online, by [Store.ConvertOrdering] (`outbox convert
+// --to ordered|unordered`). Every writer of an ordered table takes each
+// key's turn, whatever its [StoreConfig] says and whatever program writes
+// (an unordered Store, an ORM, a raw INSERT); every relay reads the table's
+// mode when it starts and every second, and claims in it
+// ([Store.CheckOrdering], [Store.Ordering]). [StoreConfig.Ordering] says what
+// a program expects: a relay set to [OrderedByKey] refuses an unordered
+// table.
+//
+// "Written first" is decided by the database, not by a clock: before a row
+// with a key is inserted, the trigger takes a transaction-scoped lock on
+// the key (one of a fixed number of slots, by the key's hash) and only then
+// numbers the row ([Message.Seq], a sequence). Writers of one key take
+// turns, the second waiting until the first commits or rolls back, so a
+// key's order is the order in which the writers' transactions took it,
+// which is their commit order. [Store.Add] takes a call's keys in the order
+// of their slots first, so that one call never deadlocks with another.
 //
 // A claim takes a message only with every unpublished message of its key
 // written before it, and the relay publishes a key's messages one after
@@ -59,7 +72,7 @@
 // while it backs off, and when it is parked its key is blocked until
 // [Store.Retry] or [Store.Discard]; [Stats.BlockedKeys] and
 // [Gauges.BlockedKeys] count such keys. [Store.Reconcile] keeps the held
-// messages true; relays in ordered mode call it.
+// messages true; relays of an ordered table call it.
 //
 // # Words
 //

@@ -43,15 +43,12 @@ type Conversion struct {
 // table (a duplicate, never a loss). With dryRun nothing changes and the
 // counts are what would be copied now.
 //
-// Only tables relayed in unordered mode can be converted: the log layout
-// does not keep per-key order yet.
+// Only unordered tables can be converted: the log layout does not keep
+// per-key order yet.
 func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
 	db, err := s.pool()
 	if err != nil {
 		return Conversion{}, err
-	}
-	if s.ordering == OrderedByKey {
-		return Conversion{}, fmt.Errorf("%w: %s: the log layout does not keep per-key order yet; keep the rows layout for ordered mode", ErrOrderingUnsafe, s.t.full)
 	}
 	l, err := s.Layout(ctx)
 	if err != nil {
@@ -59,6 +56,13 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	}
 	if l != LayoutRows {
 		return Conversion{}, fmt.Errorf("outbox: %s has the %s layout already", s.t.full, l)
+	}
+	mode, err := s.TableOrdering(ctx)
+	if err != nil {
+		return Conversion{}, err
+	}
+	if s.ordering == OrderedByKey || mode == OrderedByKey {
+		return Conversion{}, fmt.Errorf("%w: %s: the log layout does not keep per-key order yet; keep the rows layout for an ordered table", ErrOrderingUnsafe, s.t.full)
 	}
 	old := s.t.name + "_rows"
 	if i := strings.IndexByte(s.t.full, '.'); i >= 0 {

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -206,12 +205,13 @@ func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	} else if ls != nil {
 		return 0, 0, ls.rotate(ctx, db) // nothing is held in a log table; its bookkeeping is rotated
 	}
-	if s.ordering == OrderedByKey {
-		if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", s.q.hold); err != nil {
+	q := s.queriesNow()
+	if s.Ordering() == OrderedByKey {
+		if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", q.hold); err != nil {
 			return 0, 0, err
 		}
 	}
-	if unheld, err = s.execCount(ctx, db, "bringing back held messages", s.q.unhold); err != nil {
+	if unheld, err = s.execCount(ctx, db, "bringing back held messages", q.unhold); err != nil {
 		return held, 0, err
 	}
 	return held, unheld, nil
@@ -272,7 +272,8 @@ func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Durat
 }
 
 // CreateSchemaIfAbsent creates the outbox table and its indexes if they do
-// not exist yet.
+// not exist yet, and, for a store in ordered mode (StoreConfig.Ordering),
+// makes the table ordered if it is not (OrderSchema).
 //
 // It is meant for development and tests. In production the table belongs to
 // the migrations that own the rest of your schema (see Migrations, Schema,
@@ -291,6 +292,16 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
+	if s.ordering != OrderedByKey {
+		return nil
+	}
+	if o, err := s.TableOrdering(ctx); err != nil || o == OrderedByKey {
+		return err
+	}
+	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.orderTriggerSQL()); err != nil {
+		return fmt.Errorf("outbox: making %s an ordered table: %w", s.t.full, err)
+	}
+	s.tm.set(OrderedByKey)
 	return nil
 }
 
@@ -370,41 +381,6 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	g.Pending = waiting + g.Held
 	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
 	return g, nil
-}
-
-// CheckOrdering reports whether the table can keep the order of ordered
-// mode: it must have the second version's order (seq; apply migration
-// 000002), and the sequence behind seq must not cache numbers (CACHE 1),
-// or sessions holding cached blocks would give a later writer of a key a
-// smaller number than an earlier one. The error wraps ErrOrderingUnsafe
-// when the table is set up wrong, and is another error when it could not
-// be read. Relays in ordered mode check it when they start.
-func (s *Store) CheckOrdering(ctx context.Context) error {
-	db, err := s.pool()
-	if err != nil {
-		return err
-	}
-	if ls, err := s.logged(ctx); err != nil {
-		return err
-	} else if ls != nil {
-		return fmt.Errorf("%w: %s has the log layout, which does not keep per-key order yet: use a table of the rows layout for ordered mode", ErrOrderingUnsafe, s.t.full)
-	}
-	var cache sql.NullInt64
-	err = db.QueryRowContext(ctx, `SELECT s.seqcache FROM pg_attribute AS a
-LEFT JOIN pg_depend AS d ON d.refobjid = a.attrelid AND d.refobjsubid = a.attnum AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'
-LEFT JOIN pg_sequence AS s ON s.seqrelid = d.objid
-WHERE a.attrelid = to_regclass($1) AND a.attname = 'seq' AND NOT a.attisdropped`, s.t.quoted).Scan(&cache)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("%w: %s has no seq column: apply migration 000002 (or `outbox schema --apply`)", ErrOrderingUnsafe, s.t.full)
-	case err != nil:
-		return fmt.Errorf("outbox: checking the order of %s: %w", s.t.full, err)
-	case !cache.Valid:
-		return fmt.Errorf("%w: the seq column of %s is not numbered by its own sequence: apply migration 000002", ErrOrderingUnsafe, s.t.full)
-	case cache.Int64 > 1:
-		return fmt.Errorf("%w: the sequence of %s caches %d numbers per session, so a later writer of a key can get a smaller one: ALTER SEQUENCE ... CACHE 1", ErrOrderingUnsafe, s.t.full, cache.Int64)
-	}
-	return nil
 }
 
 // HasNotifyTrigger reports whether the table has the LISTEN/NOTIFY trigger

@@ -116,6 +116,8 @@ func TestOrderedReconcileBringsBackStrays(t *testing.T) {
 	unordered, err := outbox.NewStore(b.db, &outbox.StoreConfig{Table: b.table})
 	require.NoError(t, err)
 	b.addCommitted(t, keyed("c", 1), keyed("c", 2))
+	_, err = unordered.ConvertOrdering(ctx, outbox.Unordered, false, time.Second)
+	require.NoError(t, err)
 	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET parked_at = now(), attempts = 10 WHERE payload = $1`, []byte(p("c", 1)))
 	require.NoError(t, err)
 	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`" SET held = true WHERE payload = $1`, []byte(p("c", 2)))
@@ -484,8 +486,9 @@ func TestOrderedClaimIsBoundedByBytes(t *testing.T) {
 	require.Equal(t, []string{p("a", 3) + string(make([]byte, 1000))}, got)
 }
 
-// TestCheckOrdering: a table of the current version keeps order; one whose
-// sequence caches numbers, or of the first version, cannot, and says why.
+// TestCheckOrdering: an ordered table of the current version keeps order;
+// one whose sequence caches numbers, or of the first version, cannot, and
+// says why.
 func TestCheckOrdering(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -501,6 +504,9 @@ func TestCheckOrdering(t *testing.T) {
 	old, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Ordering: outbox.OrderedByKey})
 	require.NoError(t, err)
 	err = old.CheckOrdering(ctx)
+	require.ErrorIs(t, err, outbox.ErrOrderingUnsafe)
+	require.ErrorContains(t, err, "is not an ordered table")
+	_, err = old.ConvertOrdering(ctx, outbox.OrderedByKey, true, time.Second)
 	require.ErrorIs(t, err, outbox.ErrOrderingUnsafe)
 	require.ErrorContains(t, err, "apply migration 000002")
 

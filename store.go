@@ -73,8 +73,10 @@ const (
 	// OrderedByKey keeps the order of the messages of each key: for two
 	// messages with the same non-empty Event.Key, where m1 was written
 	// first, the first delivery of m2 never comes before the first delivery
-	// of m1 (to a queue consumed in order). See the package documentation
-	// for what "written first" means and what it costs.
+	// of m1 (to a queue consumed in order). The order is a property of the
+	// table (an ordered table, see OrderSchema and Store.ConvertOrdering),
+	// kept whatever writes to it. See the package documentation for what
+	// "written first" means and what it costs.
 	OrderedByKey
 )
 
@@ -114,10 +116,14 @@ type StoreConfig struct {
 	// never claimed again until an operator retries it. Defaults to 10.
 	MaxAttempts int
 
-	// Ordering is Unordered (the default) or OrderedByKey. Every Store on a
-	// table, the writers' (ORM plugins included) and the relays', must say
-	// the same: in ordered mode writers of a key take turns, and relays
-	// claim a key's messages only in order.
+	// Ordering is Unordered (the default) or OrderedByKey: what this
+	// program expects of the table. The order itself is the table's (see
+	// OrderedByKey): on an ordered table every writer takes each key's
+	// turn and every relay claims in order, whatever its Store says. A
+	// Store set to OrderedByKey makes its table ordered in
+	// CreateSchemaIfAbsent, takes its keys in one statement before it
+	// writes, and its relays refuse to run on a table that is not ordered
+	// (outbox.ErrOrderingUnsafe) rather than publish without the order.
 	Ordering Ordering
 
 	// PurgeBatchSize is how many rows one statement of PurgePublished deletes,
@@ -159,7 +165,8 @@ type Store struct {
 	ordering      Ordering
 	newID         func() (uuid.UUID, error) // uuid.NewV7; tests skew its clock
 
-	q queries
+	q, qo queries // the statements of unordered and of ordered mode
+	tm    tableMode
 	layoutState
 	inserts [insertChunk + 1]string // INSERT text by row count, built on first use
 	insMu   sync.Mutex
@@ -201,7 +208,8 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		router:        cfg.Router,
 		ordering:      cfg.Ordering,
 		newID:         uuid.NewV7,
-		q:             newQueries(t, cfg.Ordering == OrderedByKey),
+		q:             newQueries(t, false),
+		qo:            newQueries(t, true),
 	}
 	if s.backoff == nil {
 		s.backoff = ExponentialBackoff(time.Second, 10*time.Minute)
@@ -217,9 +225,6 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 
 // Table returns the table name the store works on, as configured.
 func (s *Store) Table() string { return s.t.full }
-
-// Ordering returns the order the store keeps.
-func (s *Store) Ordering() Ordering { return s.ordering }
 
 // MaxAttempts returns how many failed attempts park a message.
 func (s *Store) MaxAttempts() int { return s.maxAttempts }

@@ -34,9 +34,11 @@ type Config struct {
 	// event, for example the W3C trace context. Defaults to none.
 	Headers outbox.HeaderFunc
 
-	// Ordering is outbox.OrderedByKey when the relays keep the order of
-	// each key: writers of a key then take turns (see outbox.Store.Add).
-	// It must be the relays' setting. Defaults to outbox.Unordered.
+	// Ordering is outbox.OrderedByKey when the table is to keep the order
+	// of each key (see outbox.OrderedByKey). The order is the table's: on
+	// an ordered table writers of a key take turns whatever this says;
+	// set it to say that this program expects one (it then takes a call's
+	// keys in one statement first). Defaults to outbox.Unordered.
 	Ordering outbox.Ordering
 
 	// Router chooses exchange and routing key. Defaults to

@@ -18,6 +18,7 @@ type batch struct {
 	publishBy time.Time // claim + PublishTimeout: the publish, confirms included, ends by then
 	leaseEnd  time.Time // claim + Lease: after it another relay may claim the messages
 	marked    []bool    // the settler's: messages marked published as their confirms came
+	ordered   bool      // claimed in ordered mode: a key's messages are published one confirm after another
 }
 
 // settleFloor is the least time a settle gets, whatever is left of the
@@ -44,22 +45,36 @@ type result struct {
 }
 
 // claim takes one batch from the store, or nil when none was ready.
-func (r *Relay) claim(ctx context.Context) (*batch, error) {
+//
+// The claim runs on drain, not on ctx: a claim cut short by shutdown may
+// have committed on the server all the same, and its messages would then
+// wait out their lease unseen. Run on drain it returns its batch, which
+// the pipeline releases at once. It is bounded by a third of the lease
+// all the same (a hung database cannot hold a claim longer): what a
+// claim cut off there took is published after its lease, never lost.
+func (r *Relay) claim(ctx, drain context.Context) (*batch, error) {
 	start := time.Now()
-	msgs, err := r.store.Claim(ctx, r.cfg.BatchSize, r.cfg.Lease)
+	cctx, cancel := context.WithTimeout(drain, r.cfg.Lease/3)
+	defer cancel()
+	// The store claims in the mode it read last; a change of mode while it
+	// claims (another user of the store read it) makes the batch ordered:
+	// publishing an unordered batch in order costs time, not correctness.
+	ordered := r.store.Ordering() == outbox.OrderedByKey
+	msgs, err := r.store.Claim(cctx, r.cfg.BatchSize, r.cfg.Lease)
+	ordered = ordered || r.store.Ordering() == outbox.OrderedByKey
 	r.obs.Claimed(ctx, len(msgs), time.Since(start), err)
 	if err != nil || len(msgs) == 0 {
 		return nil, err
 	}
 	r.stats.batches.Add(1)
-	return &batch{msgs: msgs, publishBy: start.Add(r.cfg.PublishTimeout), leaseEnd: start.Add(r.cfg.Lease)}, nil
+	return &batch{msgs: msgs, publishBy: start.Add(r.cfg.PublishTimeout), leaseEnd: start.Add(r.cfg.Lease), ordered: ordered}, nil
 }
 
 // runOnce claims one batch and processes it, in the caller's goroutine:
 // the pipeline's stages one after the other, for tests of a batch's
 // settling.
 func (r *Relay) runOnce(ctx context.Context) (result, error) {
-	b, err := r.claim(ctx)
+	b, err := r.claim(ctx, ctx)
 	if err != nil || b == nil {
 		return result{}, err
 	}
@@ -156,7 +171,7 @@ func (r *Relay) publishBatch(ctx, drain context.Context, b *batch, report func([
 		defer r.pubMu.Unlock()
 	}
 	o := outcome{b: b, pubStart: time.Now()}
-	o.errs = r.publish(pubCtx, b.msgs, report)
+	o.errs = r.publish(pubCtx, b.ordered, b.msgs, report)
 	o.confirmed = time.Now()
 	return o
 }

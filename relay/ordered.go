@@ -11,8 +11,8 @@ import (
 // published because an earlier message of its key in the batch was not.
 var errNotSent = errors.New("relay: not sent: an earlier message of its key in the batch was not confirmed")
 
-// publish hands msgs to the publisher. In ordered mode (a store that says
-// outbox.OrderedByKey) it publishes in rounds: the first message of every
+// publish hands msgs to the publisher. In ordered mode (a batch claimed
+// from an ordered table) it publishes in rounds: the first message of every
 // key and every message without a key, then, once the broker confirmed
 // them, the second message of each key whose first was confirmed, and so
 // on. A message of a key is thus sent only after the broker confirmed the
@@ -26,8 +26,8 @@ var errNotSent = errors.New("relay: not sent: an earlier message of its key in t
 //
 // report, when not nil and the publisher is a ConfirmingPublisher, is told
 // of confirmed messages (indices into msgs) as their confirms arrive.
-func (r *Relay) publish(ctx context.Context, msgs []outbox.Message, report func([]int)) []error {
-	if !r.ordered {
+func (r *Relay) publish(ctx context.Context, ordered bool, msgs []outbox.Message, report func([]int)) []error {
+	if !ordered {
 		return r.publishTo(ctx, msgs, report)
 	}
 	var (

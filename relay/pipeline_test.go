@@ -270,7 +270,7 @@ func TestStoreWrapperCannotLoseOrderedMode(t *testing.T) {
 	require.False(t, reflect.TypeFor[*workOnly]().Implements(storeType), "a wrapper of the four work methods only is not a Store")
 	wrapped := struct{ Store }{orderedStore{&fakeStore{}}}
 	r := newTestRelay(t, wrapped, PublisherFunc(publishNothing), nil)
-	require.True(t, r.ordered, "ordered mode passes through the wrapper")
+	require.Equal(t, outbox.OrderedByKey, r.store.Ordering(), "ordered mode passes through the wrapper: claims read it from the store")
 }
 
 // workOnly forwards the work and nothing else, as wrappers once did.

@@ -161,7 +161,7 @@ type Relay struct {
 	maxAttempts int                                  // the store's, when it says; for Observer.Failed's parked
 	pubMu       sync.Mutex                           // one Publish at a time unless concurrent
 	concurrent  bool                                 // the publisher may be called from several publishers at once
-	ordered     bool                                 // the store keeps the order of each key
+	ordered     atomic.Bool                          // the claimer's: the table's mode, as last read
 	pollFirst   time.Duration                        // the first wait after an empty claim
 	backoff     outbox.BackoffFunc                   // waits after broker or database failures
 	sleepHook   func(d time.Duration, wakeable bool) // tests: replaces sleeping
@@ -203,7 +203,7 @@ func New(store Store, pub Publisher, cfg *Config) (*Relay, error) {
 		obs = c.Observer
 	}
 	return &Relay{store: store, pub: pub, cfg: c, logger: c.Logger, pollFirst: pollFirst, concurrent: ok && cp.Concurrent(),
-		ordered: store.Ordering() == outbox.OrderedByKey, obs: obs, maxAttempts: store.MaxAttempts(),
+		obs: obs, maxAttempts: store.MaxAttempts(),
 		backoff: outbox.ExponentialBackoff(backoffMin, c.BackoffMax)}, nil
 }
 

@@ -155,7 +155,9 @@ func start(t testing.TB, store relay.Store, pub relay.Publisher, cfg *relay.Conf
 	if cfg == nil {
 		cfg = &relay.Config{}
 	}
-	cfg.Logger = dbtest.Logger(t)
+	if cfg.Logger == nil {
+		cfg.Logger = dbtest.Logger(t)
+	}
 	r, err := relay.New(store, pub, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -539,3 +539,51 @@ func TestIdleRelayIsCheap(t *testing.T) {
 
 // publishNothing is a Publisher function for tests that never publish.
 func publishNothing(context.Context, []outbox.Message) []error { return nil }
+
+// blockingClaimStore is a fakeStore whose claims wait for unblock, and
+// record their context's deadline.
+type blockingClaimStore struct {
+	*fakeStore
+	started  chan struct{}
+	unblock  chan struct{}
+	once     sync.Once
+	deadline time.Time
+}
+
+func (s *blockingClaimStore) Claim(ctx context.Context, n int, lease time.Duration) ([]outbox.Message, error) {
+	s.mu.Lock()
+	s.deadline, _ = ctx.Deadline()
+	s.mu.Unlock()
+	s.once.Do(func() { close(s.started) })
+	select {
+	case <-s.unblock:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.fakeStore.Claim(ctx, n, lease)
+}
+
+// Issue 21, item 2: no claim outlasts a third of the lease; and a claim in
+// flight when the relay stops runs to its end, and its batch is released
+// (cut short, it might have committed all the same and left its messages
+// claimed until the lease ends: TestClosedPublisherStopsRun in CI).
+func TestClaimBoundedAndFinishedAtShutdown(t *testing.T) {
+	t.Parallel()
+	store := &blockingClaimStore{fakeStore: &fakeStore{}, started: make(chan struct{}), unblock: make(chan struct{})}
+	store.push(msgs("a", "b")...)
+	r := newTestRelay(t, store, PublisherFunc(publishNothing), &Config{Lease: 30 * time.Second, ShutdownTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	before := time.Now()
+	go func() { done <- r.Run(ctx) }()
+	<-store.started
+	store.mu.Lock()
+	deadline := store.deadline
+	store.mu.Unlock()
+	require.False(t, deadline.IsZero(), "a claim has a deadline")
+	require.LessOrEqual(t, deadline.Sub(before), 10*time.Second+time.Second, "a third of the lease")
+	cancel()
+	close(store.unblock)
+	require.NoError(t, <-done)
+	require.Equal(t, []string{"claim a,b", "release a,b"}, store.log())
+}

@@ -33,11 +33,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
+	configured := r.store.Ordering()
 	if err := r.checkOrdering(ctx); err != nil {
 		return err
 	}
+	r.ordered.Store(r.store.Ordering() == outbox.OrderedByKey)
 	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
-		slog.Bool("ordered", r.ordered), slog.Int("max_in_flight", r.cfg.MaxInFlight))
+		slog.Bool("ordered", r.ordered.Load()), slog.Int("max_in_flight", r.cfg.MaxInFlight))
+	if r.ordered.Load() && configured != outbox.OrderedByKey {
+		r.logger.InfoContext(ctx, "relay: The table is ordered: relaying each key's messages in commit order, as every relay of an ordered table does (the store was configured unordered)")
+	}
 
 	// A fatal error in any stage stops the others through runCtx.
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -67,13 +72,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.PurgeAfter > 0 {
 		run(func(ctx context.Context) { every(ctx, r.cfg.PurgeInterval, r.purge) })
 	}
-	if r.ordered {
-		run(func(ctx context.Context) { every(ctx, reconcileInterval, r.reconcile) })
-	} else {
-		// Unordered mode holds nothing: bring back, once, what an ordered
-		// relay held before the table changed modes.
-		run(r.reconcile)
-	}
+	// Ordered mode reconciles held messages every second; unordered mode
+	// holds nothing, and brings back, once, what ordered mode held before
+	// the table changed modes (the claimer does it again when the table
+	// turns unordered while the relay runs).
+	run(r.reconcile)
+	run(func(ctx context.Context) {
+		every(ctx, reconcileInterval, func(ctx context.Context) {
+			if r.ordered.Load() {
+				r.reconcile(ctx)
+			}
+		})
+	})
 
 	// The shutdown clock: publishes in flight when runCtx ends get
 	// ShutdownTimeout for their confirms, then drain ends and cuts them
@@ -126,7 +136,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if unsubscribe != nil {
 		defer unsubscribe()
 	}
-	if err := r.claimer(runCtx, p, local); err != nil {
+	if err := r.claimer(runCtx, drain, p, local); err != nil {
 		fail(err)
 	}
 	close(p.work)
@@ -184,13 +194,13 @@ func (p *pipeline) reports() (faults, clean int, err error) {
 	return faults, clean, err
 }
 
-// checkOrdering refuses to run in ordered mode on a table that cannot keep
-// the order (outbox.ErrOrderingUnsafe). A check that fails otherwise (the
-// database is down) is left to the claims.
+// checkOrdering reads the table's mode, which the store's claims follow,
+// and refuses to run on a table that cannot keep the order it is asked for
+// (outbox.ErrOrderingUnsafe: a store configured OrderedByKey on a table
+// that is not ordered, an ordered table whose seq cannot keep the order).
+// A check that fails otherwise (the database is down) is left to the
+// claims.
 func (r *Relay) checkOrdering(ctx context.Context) error {
-	if !r.ordered {
-		return nil
-	}
 	err := r.store.CheckOrdering(ctx)
 	switch {
 	case errors.Is(err, outbox.ErrOrderingUnsafe):
@@ -211,13 +221,18 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // wake-up or a settled batch cuts those waits short. After a failure (its own claim,
 // or a broker fault the settler reported) it backs off, and nothing cuts that
 // short. It returns when ctx ends, or with an error nothing can repair.
-func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{}) error {
+func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
+	modeRead := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-p.slots:
+		}
+		if time.Since(modeRead) >= orderingRefresh {
+			modeRead = time.Now()
+			r.refreshOrdering(ctx)
 		}
 		switch faults, clean, ferr := p.reports(); {
 		case faults > 0:
@@ -238,7 +253,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipeline, local <-chan struct{})
 		case <-p.settled:
 		default:
 		}
-		b, err := r.claim(ctx)
+		b, err := r.claim(ctx, drain)
 		if b == nil {
 			p.slots <- struct{}{} // nothing to hand over: the slot stays free
 		}
@@ -305,6 +320,10 @@ func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 			continue
 		}
 		res, err := r.settleBatch(ctx, o)
+		if err != nil { // stop the claimer before a free slot lets it claim again
+			stopped = true
+			fail(err)
+		}
 		r.recordPublish(res.brokerErr)
 		p.report(res.brokerErr)
 		select {
@@ -312,11 +331,35 @@ func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 		default:
 		}
 		p.slots <- struct{}{}
-		if err != nil {
-			stopped = true
-			fail(err)
-		}
 	}
+}
+
+// orderingRefresh is how often the claimer reads the table's mode again.
+const orderingRefresh = time.Second
+
+// refreshOrdering reads the table's mode again (the claimer's): a table
+// converted while the relay runs is relayed in its new mode from the next
+// claim. Until the store has read that a table became ordered, its
+// unordered claims take no message with a key (see outbox.Store.Claim).
+func (r *Relay) refreshOrdering(ctx context.Context) {
+	err := r.store.CheckOrdering(ctx)
+	if err != nil && !errors.Is(err, outbox.ErrOrderingUnsafe) {
+		return // the database: the claim will say
+	}
+	now := r.store.Ordering() == outbox.OrderedByKey
+	if was := r.ordered.Swap(now); was == now {
+		return
+	}
+	if now {
+		r.logger.InfoContext(ctx, "relay: The table was made ordered: relaying each key's messages in commit order from now on")
+		return
+	}
+	attrs := []any{}
+	if err != nil {
+		attrs = append(attrs, slog.String("warning", err.Error()))
+	}
+	r.logger.WarnContext(ctx, "relay: The table was made unordered: relaying without per-key order from now on", attrs...)
+	r.reconcile(ctx) // bring back what ordered mode held
 }
 
 // logFailure logs a failed round at level, retried after wait. An error

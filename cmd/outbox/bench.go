@@ -13,6 +13,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -363,7 +364,9 @@ func (b *bencher) brokerOnly(ctx context.Context) (float64, error) {
 
 // startRelay runs a relay with the default configuration (the batch size
 // aside) until the returned function is called.
-func (b *bencher) startRelay(ctx context.Context, st *outbox.Store) (func() relay.Stats, error) {
+// startRelay starts a relay on st's table; onFail, when not nil, is called
+// if the relay (in this process) stops on its own with an error.
+func (b *bencher) startRelay(ctx context.Context, st *outbox.Store, onFail func(error)) (func() relay.Stats, error) {
 	if b.o.relayProcess {
 		return b.startRelayProcess(st)
 	}
@@ -383,7 +386,13 @@ func (b *bencher) startRelay(ctx context.Context, st *outbox.Store) (func() rela
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = r.Run(rctx); _ = pub.Close() }()
+	go func() {
+		defer close(done)
+		if err := r.Run(rctx); err != nil && onFail != nil {
+			onFail(err)
+		}
+		_ = pub.Close()
+	}()
 	return func() relay.Stats { cancel(); <-done; return r.Stats() }, nil
 }
 
@@ -418,6 +427,28 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 	if _, err := b.db.ExecContext(ctx, b.truncateSQL()); err != nil {
 		return 0, 0, err
 	}
+	if b.o.layout != "log" {
+		// The order is the table's: make it what this run measures.
+		mode := outbox.Unordered
+		if store == b.orderedStore {
+			mode = outbox.OrderedByKey
+		}
+		if _, err := store.ConvertOrdering(ctx, mode, false, 5*time.Second); err != nil {
+			return 0, 0, err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		failMu   sync.Mutex
+		relayErr error
+	)
+	onFail := func(err error) {
+		failMu.Lock()
+		relayErr = err
+		failMu.Unlock()
+		cancel()
+	}
 	b.deadBefore = b.deadTuples(ctx) // PostgreSQL's count runs on across a TRUNCATE
 	defer func() { b.deadAfter = b.deadTuples(ctx) }()
 	for from := 0; from < b.o.messages; from += b.o.perTx {
@@ -447,13 +478,18 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 		return 0, 0, err
 	}
 	start := time.Now()
-	stop, err := b.startRelay(ctx, store)
+	stop, err := b.startRelay(ctx, store, onFail)
 	if err != nil {
 		return 0, 0, err
 	}
 	err = wait()
 	elapsed := time.Since(start)
 	st := stop()
+	failMu.Lock()
+	if relayErr != nil {
+		err = fmt.Errorf("the relay stopped: %w", relayErr)
+	}
+	failMu.Unlock()
 	if err != nil {
 		return 0, 0, err
 	}

@@ -59,6 +59,10 @@ func (b *claimBench) run(ctx context.Context, out io.Writer) error {
 	for _, ordered := range []bool{false, true} {
 		pair := b.stores[ordered]
 		for i, history := range []int{0, b.o.published} {
+			// The order is the table's: make it this mode's.
+			if _, err := pair[i].ConvertOrdering(ctx, ordering(ordered), false, 5*time.Second); err != nil {
+				return err
+			}
 			if err := b.fill(ctx, b.tables[i], history, keys, 0); err != nil {
 				return err
 			}

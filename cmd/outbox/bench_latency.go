@@ -76,7 +76,7 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Dura
 	if err != nil {
 		return nil, fifths, err
 	}
-	stop, err := b.startRelay(ctx, b.store)
+	stop, err := b.startRelay(ctx, b.store, nil)
 	if err != nil {
 		return nil, fifths, err
 	}

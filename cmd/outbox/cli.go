@@ -25,8 +25,10 @@ Usage:
   outbox retry   [flags] ID...       re-arm parked messages (--all-parked for all of them)
   outbox discard [flags] ID...       give up on parked messages, keeping their record
   outbox purge   --older-than 168h   delete published messages older than that
-  outbox schema  [flags]             print the table's DDL (--apply creates it; --layout rows|log)
-  outbox convert --to log            turn a table of the rows layout into one of the log layout, online (--dry-run)
+  outbox schema  [flags]             print the table's DDL (--apply creates it; --layout rows|log; --ordered)
+  outbox convert --to log|ordered|unordered
+                                     turn a table of the rows layout into one of the log layout, or make it
+                                     ordered or unordered, online (--dry-run)
   outbox declare [flags]             declare exchanges, queues, bindings and dead-letter queues (--dry-run)
   outbox bench   [flags]             measure relay throughput and latency on a scratch table
   outbox verify  [flags]             prove this database and broker keep the promise, under faults

@@ -259,8 +259,12 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
 	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
 	layout := c.fs.String("layout", "rows", "rows: one row per message, updated as it is claimed and published (the only layout that keeps per-key order so far); log: events only ever inserted, relaying leaves no dead tuples, history truncated by partition (see README)")
+	orderedTable := c.fs.Bool("ordered", false, "make it an ordered table: every writer of a key takes its turn, relays publish each key's messages in commit order (rows layout; see README)")
 	if err := c.parse(args); err != nil {
 		return err
+	}
+	if *orderedTable && *layout != "rows" {
+		return c.usageError("--ordered needs --layout rows: the log layout does not keep per-key order yet")
 	}
 	var (
 		ddl  string
@@ -285,6 +289,13 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 			return err
 		}
 	}
+	if *orderedTable {
+		more, err := outbox.OrderSchema(c.table)
+		if err != nil {
+			return err
+		}
+		ddl += "\n" + more
+	}
 	if *notify {
 		more, err := outbox.NotifySchema(c.table)
 		if err != nil {
@@ -297,20 +308,25 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 
 func cmdConvert(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("convert", x, outbox.TableDefault)
-	to := c.fs.String("to", "", "the layout to convert the table to: log (the only conversion so far)")
-	dryRun := c.fs.Bool("dry-run", false, "count what would be copied and print the DDL of the new table, and change nothing")
+	to := c.fs.String("to", "", "log: the log layout (unordered tables); ordered: an ordered table, whose writers take each key's turn; unordered: an unordered one")
+	dryRun := c.fs.Bool("dry-run", false, "count the messages concerned and print the DDL, and change nothing")
 	lockTimeout := c.fs.Duration("lock-timeout", 5*time.Second, "how long to wait for the writers in progress before giving up (writers wait for the conversion meanwhile)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	if *to != "log" {
-		return c.usageError("--to log is required (the only conversion so far)")
+	switch *to {
+	case "log", "ordered", "unordered":
+	default:
+		return c.usageError("--to must be log, ordered or unordered (got %q)", *to)
 	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if *to != "log" {
+		return c.convertOrdering(ctx, store, *to, *dryRun, *lockTimeout)
+	}
 	conv, err := store.ConvertToLog(ctx, *dryRun, *lockTimeout)
 	if err != nil {
 		return c.explain(err)
@@ -323,6 +339,34 @@ func cmdConvert(ctx context.Context, x *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "converted %s to the log layout in %s: %d message(s) to publish and %d failed or parked one(s) copied; its history (%d published) is in %s, to drop when you no longer need it\n",
 		c.table, conv.Took.Round(time.Millisecond), conv.Pending, conv.Failed, conv.History, conv.OldTable)
+	return nil
+}
+
+// convertOrdering makes the table ordered or unordered.
+func (c *common) convertOrdering(ctx context.Context, store *outbox.Store, to string, dryRun bool, lockTimeout time.Duration) error {
+	mode := outbox.Unordered
+	if to == "ordered" {
+		mode = outbox.OrderedByKey
+	}
+	conv, err := store.ConvertOrdering(ctx, mode, dryRun, lockTimeout)
+	if err != nil {
+		return c.explain(err)
+	}
+	word := map[outbox.Ordering]string{outbox.Unordered: "unordered", outbox.OrderedByKey: "ordered"}
+	switch {
+	case conv.DDL == "":
+		fmt.Fprintf(c.stdout, "%s is an %s table already: nothing to do (%d message(s) pending)\n", c.table, word[mode], conv.Pending)
+	case dryRun:
+		fmt.Fprint(c.stdout, conv.DDL)
+		fmt.Fprintf(c.stdout, "\n-- dry run: %s is an %s table; the DDL above would make it %s (%d message(s) pending, %d held); nothing was changed\n",
+			c.table, word[conv.From], word[mode], conv.Pending, conv.Held)
+	default:
+		fmt.Fprintf(c.stdout, "made %s an %s table in %s (writers waited that long at most); running relays follow within a second; %d message(s) pending\n",
+			c.table, word[mode], conv.Took.Round(time.Millisecond), conv.Pending)
+		if mode == outbox.OrderedByKey {
+			fmt.Fprintf(c.stdout, "per-key order holds for the messages written from now on; configure its stores OrderedByKey to say so (a relay so configured refuses an unordered table)\n")
+		}
+	}
 	return nil
 }
 

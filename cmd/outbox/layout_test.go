@@ -86,7 +86,7 @@ func TestConvertCommand(t *testing.T) {
 
 	code, _, errOut := outboxCmd(t, nil, "convert", "--table", table)
 	require.Equal(t, 2, code)
-	require.Contains(t, errOut, "--to log is required")
+	require.Contains(t, errOut, "--to must be log, ordered or unordered")
 	code, out, _ := outboxCmd(t, nil, "convert", "--table", table, "--to", "log", "--dry-run")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "would rename "+table+" to "+table+"_rows")
@@ -106,4 +106,52 @@ func TestConvertCommand(t *testing.T) {
 	n, err := fresh.Pending(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
+}
+
+// Issue 21, item 1: an operator makes a table ordered or unordered with
+// convert --to, after a dry run that changes nothing; schema --ordered
+// prints the trigger for migrations.
+func TestConvertOrderingCommand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+
+	code, out, _ := outboxCmd(t, nil, "schema", "--table", table, "--ordered")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `CREATE TRIGGER "`+table+`_order" BEFORE INSERT`)
+	code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--ordered", "--layout", "log")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--ordered needs --layout rows")
+
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered", "--dry-run")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "dry run: "+table+" is an unordered table; the DDL above would make it ordered")
+	mode, err := store.TableOrdering(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Unordered, mode, "a dry run changes nothing")
+
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "made "+table+" an ordered table")
+	mode, err = store.TableOrdering(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.OrderedByKey, mode)
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "is an ordered table already")
+
+	code, _, errOut = outboxCmd(t, nil, "convert", "--table", table, "--to", "log")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "does not keep per-key order yet")
+
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "unordered")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "made "+table+" an unordered table")
+	mode, err = store.TableOrdering(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Unordered, mode)
 }

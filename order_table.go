@@ -1,0 +1,319 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// An ordered table is one whose writers take turns by key, whoever they
+// are: the order is a property of the table, recorded in the database as
+// its order trigger (OrderSchema), not of each program's configuration.
+// The trigger runs before every row with a key is inserted, by Store.Add
+// of any Store, an ORM hook or a raw INSERT or COPY: it takes the lock of
+// the key's slot (the lock Store.Add takes in ordered mode, see
+// keyLockSlots) for the rest of the transaction and only then numbers the
+// row (seq), so that a key's rows are numbered in the order their writers
+// commit. Stores and relays read the table's mode from the database and
+// follow it (Store.CheckOrdering).
+
+// orderTrigger is how the trigger names itself and its function.
+func (t table) orderTrigger() string { return t.name + "_order" }
+
+// slotOf is the slot of the key expression k, and slotLock the lock of
+// slot s of the table tableName (an expression): the same texts for
+// Store.Add's lock statements and for the trigger, so that both take one
+// lock.
+func slotOf(k string) string {
+	return `(hashtextextended(` + k + `, 0) & ` + strconv.Itoa(keyLockSlots-1) + `)`
+}
+
+func slotLock(tableName, s string) string {
+	return `pg_advisory_xact_lock(hashtextextended(` + tableName + ` || ':slot:' || ` + s + `, 0))`
+}
+
+// orderTriggerSQL makes the table ordered (idempotent).
+func (t table) orderTriggerSQL() string {
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	fn := t.qualified(t.orderTrigger())
+	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.orderTrigger()+`"`,
+		"{lock}", slotLock(lit(t.full), slotOf("NEW.event_key")), "{seq}", lit(t.qualified(t.name+"_seq")))
+	return r.Replace(`-- An ordered table: before a row with a key is written, its writer takes
+-- the key's turn (the lock of its slot, for the rest of the transaction),
+-- then the row is numbered. Whoever writes (any Store, a raw INSERT, COPY),
+-- the rows of a key are numbered in the order their writers commit, which
+-- is the order relays publish them in. A statement that inserts rows of
+-- several keys takes their turns in the order of its rows: two such
+-- statements with the keys in opposite orders can deadlock (PostgreSQL then
+-- aborts one, SQLSTATE 40P01); Store.Add takes them sorted first.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {lock};
+    NEW.seq := nextval({seq});
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+CREATE TRIGGER {trigger} BEFORE INSERT ON {table}
+    FOR EACH ROW WHEN (NEW.event_key <> '') EXECUTE FUNCTION {fn}();
+`)
+}
+
+// unorderTriggerSQL makes the table unordered (idempotent).
+func (t table) unorderTriggerSQL() string {
+	return "DROP TRIGGER IF EXISTS \"" + t.orderTrigger() + "\" ON " + t.quoted + ";\n" +
+		"DROP FUNCTION IF EXISTS " + t.qualified(t.orderTrigger()) + "();\n"
+}
+
+// orderedNow is a condition, evaluated once per statement, that holds when
+// the table is ordered.
+func (t table) orderedNow() string {
+	return `EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = '` + t.quoted + `'::regclass AND tgname = '` +
+		t.orderTrigger() + `' AND tgenabled <> 'D')`
+}
+
+// OrderSchema returns the DDL that makes the outbox table of the given name
+// an ordered table (see OrderedByKey): run it after Schema, in a migration,
+// or let `outbox schema --ordered` print both. On a table that has
+// messages and running relays, prefer Store.ConvertOrdering (`outbox
+// convert --to ordered`). The statements are idempotent.
+func OrderSchema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return t.orderTriggerSQL(), nil
+}
+
+// tableMode is what a Store last read of its table's mode.
+type tableMode struct {
+	mode atomic.Int32 // 0: not read; modeUnordered; modeOrdered
+	at   atomic.Int64 // when, in Unix nanoseconds
+}
+
+const (
+	modeUnordered = 1
+	modeOrdered   = 2
+)
+
+// modeFresh is how long Add trusts a read that the table is unordered
+// before it asks again (see Store.Add).
+const modeFresh = time.Second
+
+func (m *tableMode) set(o Ordering) {
+	v := int32(modeUnordered)
+	if o == OrderedByKey {
+		v = modeOrdered
+	}
+	m.mode.Store(v)
+	m.at.Store(time.Now().UnixNano())
+}
+
+// Ordering returns the order the store's claims keep now: the table's, as
+// last read from the database (Store.CheckOrdering, which every relay runs
+// when it starts and every second), or, before that, StoreConfig.Ordering.
+func (s *Store) Ordering() Ordering {
+	switch s.tm.mode.Load() {
+	case modeUnordered:
+		return Unordered
+	case modeOrdered:
+		return OrderedByKey
+	}
+	return s.ordering
+}
+
+// queriesNow returns the statements of the store's mode now.
+func (s *Store) queriesNow() *queries {
+	if s.Ordering() == OrderedByKey {
+		return &s.qo
+	}
+	return &s.q
+}
+
+// knownUnordered reports whether the table was read unordered lately.
+func (s *Store) knownUnordered() bool {
+	return s.tm.mode.Load() == modeUnordered && time.Since(time.Unix(0, s.tm.at.Load())) < modeFresh
+}
+
+// TableOrdering reads the table's mode from the database: OrderedByKey for
+// an ordered table (one with the trigger of OrderSchema), Unordered
+// otherwise, a table of the log layout included.
+func (s *Store) TableOrdering(ctx context.Context) (Ordering, error) {
+	db, err := s.pool()
+	if err != nil {
+		return Unordered, err
+	}
+	var ordered bool
+	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D')`,
+		s.t.quoted, s.t.orderTrigger()).Scan(&ordered)
+	if err != nil {
+		return Unordered, fmt.Errorf("outbox: reading the mode of %s: %w", s.t.full, err)
+	}
+	o := Unordered
+	if ordered {
+		o = OrderedByKey
+	}
+	s.tm.set(o)
+	return o, nil
+}
+
+// CheckOrdering reads the table's mode (see TableOrdering), which the
+// store's claims follow from then on, and reports whether the table keeps
+// the order that the store is configured for. The error wraps
+// ErrOrderingUnsafe when StoreConfig.Ordering is OrderedByKey and the table
+// is not ordered (convert it: Store.ConvertOrdering, `outbox convert --to
+// ordered`), and when an ordered table cannot keep its order: it must have
+// the second version's order (seq; apply migration 000002) and the
+// sequence behind seq must not cache numbers (CACHE 1), or sessions
+// holding cached blocks would give a later writer of a key a smaller
+// number than an earlier one. It is another error when the table could
+// not be read. Relays check it when they start, and every second while
+// they run.
+func (s *Store) CheckOrdering(ctx context.Context) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return err
+	} else if ls != nil {
+		s.tm.set(Unordered)
+		if s.ordering == OrderedByKey {
+			return fmt.Errorf("%w: %s has the log layout, which does not keep per-key order yet: use a table of the rows layout for ordered mode", ErrOrderingUnsafe, s.t.full)
+		}
+		return nil
+	}
+	mode, err := s.TableOrdering(ctx)
+	if err != nil {
+		return err
+	}
+	if mode != OrderedByKey {
+		if s.ordering == OrderedByKey {
+			return fmt.Errorf("%w: %s is not an ordered table, and this store is configured OrderedByKey: make it one with `outbox convert --to ordered` (Store.ConvertOrdering), safe while writers and relays run", ErrOrderingUnsafe, s.t.full)
+		}
+		return nil
+	}
+	return s.checkSeq(ctx, db)
+}
+
+// checkSeq returns an error wrapping ErrOrderingUnsafe when the table's
+// seq cannot number a key's rows in commit order.
+func (s *Store) checkSeq(ctx context.Context, db *sql.DB) error {
+	var cache sql.NullInt64
+	// The sequence the column owns (OWNED BY); the column's indexes
+	// depend on it too, so it is not just any dependent object.
+	err := db.QueryRowContext(ctx, `SELECT s.seqcache FROM pg_attribute AS a
+LEFT JOIN (pg_depend AS d JOIN pg_sequence AS s ON s.seqrelid = d.objid)
+	ON d.refobjid = a.attrelid AND d.refobjsubid = a.attnum AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'
+WHERE a.attrelid = to_regclass($1) AND a.attname = 'seq' AND NOT a.attisdropped`, s.t.quoted).Scan(&cache)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%w: %s has no seq column: apply migration 000002 (or `outbox schema --apply`)", ErrOrderingUnsafe, s.t.full)
+	case err != nil:
+		return fmt.Errorf("outbox: checking the order of %s: %w", s.t.full, err)
+	case !cache.Valid:
+		return fmt.Errorf("%w: the seq column of %s is not numbered by its own sequence: apply migration 000002", ErrOrderingUnsafe, s.t.full)
+	case cache.Int64 > 1:
+		return fmt.Errorf("%w: the sequence of %s caches %d numbers per session, so a later writer of a key can get a smaller one: ALTER SEQUENCE ... CACHE 1", ErrOrderingUnsafe, s.t.full, cache.Int64)
+	}
+	return nil
+}
+
+// OrderingConversion is what ConvertOrdering did, or would do.
+type OrderingConversion struct {
+	// From and To are the table's mode before and after.
+	From, To Ordering
+	// Pending counts the messages waiting to be published, which relays
+	// publish in the new mode from their next claim.
+	Pending int64
+	// Held counts the messages held behind a failed message of their key
+	// (ordered mode), which relays bring back once the table is unordered.
+	Held int64
+	// DDL is the script that changes the mode (empty when the table is in
+	// that mode already).
+	DDL string
+	// Took is how long writers waited: the conversion's transaction.
+	Took time.Duration
+}
+
+// ConvertOrdering makes the table ordered (to OrderedByKey) or unordered,
+// online. Making it ordered creates its order trigger (OrderSchema); making
+// it unordered drops it. Either takes the table's SHARE ROW EXCLUSIVE lock
+// for a moment, waiting at most lockTimeout for the writers in progress;
+// writers that start after it commits write in the new mode. Relays follow
+// at once: an unordered claim never takes a message with a key from an
+// ordered table (it checks the mode in the statement), and every relay
+// reads the mode again within a second, then claims in the new one. The
+// order is kept for every message written after an ordering conversion
+// commits; messages written before it are published in the order of seq.
+// With dryRun nothing changes. Converting a table to the mode it has
+// changes nothing and is not an error.
+func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+	db, err := s.pool()
+	if err != nil {
+		return OrderingConversion{}, err
+	}
+	if to != Unordered && to != OrderedByKey {
+		return OrderingConversion{}, fmt.Errorf("outbox: ConvertOrdering: to must be Unordered or OrderedByKey (got %d)", int(to))
+	}
+	if ls, err := s.logged(ctx); err != nil {
+		return OrderingConversion{}, err
+	} else if ls != nil {
+		if to == OrderedByKey {
+			return OrderingConversion{}, fmt.Errorf("%w: %s has the log layout, which does not keep per-key order yet", ErrOrderingUnsafe, s.t.full)
+		}
+		return OrderingConversion{}, nil
+	}
+	from, err := s.TableOrdering(ctx)
+	if err != nil {
+		return OrderingConversion{}, err
+	}
+	c := OrderingConversion{From: from, To: to}
+	if to == OrderedByKey && from != to {
+		// The trigger numbers rows from seq's sequence, which must be
+		// there and must not cache numbers.
+		if err := s.checkSeq(ctx, db); err != nil {
+			return c, err
+		}
+	}
+	if err := db.QueryRowContext(ctx, s.q.pending).Scan(&c.Pending); err != nil {
+		return c, fmt.Errorf("outbox: converting %s: counting its messages: %w", s.t.full, err)
+	}
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+s.t.quoted+` WHERE `+held).Scan(&c.Held); err != nil {
+		return c, fmt.Errorf("outbox: converting %s: counting its messages: %w", s.t.full, err)
+	}
+	if from == to {
+		return c, nil
+	}
+	c.DDL = s.t.unorderTriggerSQL()
+	if to == OrderedByKey {
+		c.DDL = s.t.orderTriggerSQL()
+	}
+	if dryRun {
+		return c, nil
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return c, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	started := time.Now()
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(lockTimeout.Milliseconds(), 1))); err != nil {
+		return c, err
+	}
+	if _, err := tx.ExecContext(ctx, c.DDL); err != nil {
+		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
+	}
+	c.Took = time.Since(started)
+	s.tm.set(to)
+	return c, nil
+}
