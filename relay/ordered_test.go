@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -102,7 +103,8 @@ func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
 
 // TestOrderedChaos: four relays on one table, one of them a process killed
 // mid-batch, one shut down gracefully, the broker closing the others'
-// connections, writers writing
+// connections, writers writing (an ordered store, an unordered one, raw
+// INSERTs)
 // 20,000 messages over 1,000 keys meanwhile: a single consumer sees every
 // key's messages first delivered in the order they were written, and
 // nothing is lost.
@@ -123,23 +125,54 @@ func TestOrderedChaos(t *testing.T) {
 		stops = append(stops, stop)
 	}
 
+	// Mixed writers (issue 21): the order is the table's, so a store
+	// configured unordered and raw INSERTs take the keys' turns too.
+	unordered, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: b.store.Table(), Router: outbox.ToExchange(b.top.Exchange)})
+	require.NoError(t, err)
+	// A raw INSERT of one key's events (the writer below keeps one key per
+	// transaction: rows of several keys, inserted in an order of its own,
+	// could deadlock with another writer, as documented; the stores sort
+	// them).
+	raw := func(ctx context.Context, tx *sql.Tx, evts ...outbox.Event) error {
+		payloads := make([]string, len(evts))
+		for i, e := range evts {
+			payloads[i] = string(e.Payload)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO "`+b.store.Table()+`" (id, event_type, event_key, exchange, routing_key, payload)
+SELECT gen_random_uuid(), $1, $2, $3, $1, convert_to(p, 'UTF8') FROM unnest($4::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n`,
+			evts[0].Type, evts[0].Key, b.top.Exchange, payloads)
+		return err
+	}
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx := context.Background()
+			add, most := b.store.Add, 8
+			switch w {
+			case 1:
+				add = unordered.Add
+			case 2:
+				add = func(ctx context.Context, tx outbox.Execer, evts ...outbox.Event) error {
+					return raw(ctx, tx.(*sql.Tx), evts...)
+				}
+			}
 			for i := 0; i < total/writers; {
 				tx, err := b.db.BeginTx(ctx, nil)
 				if !assertNoError(t, err) {
 					return
 				}
 				var evts []outbox.Event
-				for j := 0; j < 1+rand.IntN(8) && i < total/writers; j++ {
-					evts = append(evts, outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", rand.IntN(keys)), Payload: []byte(fmt.Sprint(w, "/", i))})
+				key := rand.IntN(keys)
+				for j := 0; j < 1+rand.IntN(most) && i < total/writers; j++ {
+					if w != 2 { // the raw writer's: one key per transaction
+						key = rand.IntN(keys)
+					}
+					evts = append(evts, outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", key), Payload: []byte(fmt.Sprint(w, "/", i))})
 					i++
 				}
-				if !assertNoError(t, b.store.Add(ctx, tx, evts...)) || !assertNoError(t, tx.Commit()) {
+				if !assertNoError(t, add(ctx, tx, evts...)) || !assertNoError(t, tx.Commit()) {
 					return
 				}
 			}
