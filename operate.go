@@ -191,10 +191,11 @@ func (s *Store) queryCount(ctx context.Context, db *sql.DB, what, query string, 
 // the messages of blocked keys; what a claim may take is decided by the
 // claim itself, so Reconcile is about speed and never about order.
 // Publishing, retrying and discarding a message bring the messages held
-// behind it back at once; Reconcile is the safety net, and relays in
-// ordered mode call it every second. In unordered mode it only brings back
-// what an ordered relay held before, and relays call it once when they
-// start. It returns how many messages it held and brought back.
+// behind it back at once; Reconcile is the safety net, and relays call it
+// every second while the table is ordered. On an unordered table (as the
+// store last read its mode) it only brings back what ordered mode held
+// before, and relays call it once when they start or the table turns
+// unordered. It returns how many messages it held and brought back.
 func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	db, err := s.pool()
 	if err != nil {

@@ -74,6 +74,12 @@
 //     each other and with the claims on a small database (with a settle per
 //     publisher, throughput on two cores fell by a quarter).
 //
+// A claim is bounded by a third of Config.Lease, and a shutdown does not
+// cut it short: a claim cancelled mid-statement may have committed all the
+// same, and its messages would wait out their lease unseen; run to its end,
+// its batch is handed on and released. (A claim cut off at its bound is
+// retried after a backoff; what it took is published after its lease.)
+//
 // A batch carries its claim time, and every deadline derives from it: its
 // publish ends by the claim time plus Config.PublishTimeout (a shutdown
 // cuts it to Config.ShutdownTimeout after the shutdown began, no longer:
@@ -110,19 +116,25 @@
 //
 // # Ordered mode
 //
-// With a store in ordered mode (outbox.OrderedByKey), a batch is published
-// in rounds: the first message of every key, then, once the broker
+// On an ordered table (see outbox.OrderedByKey: the order is the table's,
+// whatever the store's configuration says), a batch is published in
+// rounds: the first message of every key, then, once the broker
 // confirmed them, the second of each key, and so on; a key whose message
 // was not confirmed has its later messages released (Observer.Released with
-// ReleasedOrder). A relay in ordered mode reconciles the store's held
-// messages every second (Store.Reconcile); one in unordered mode once, when
-// it starts.
+// ReleasedOrder). The claimer reads the table's mode when Run starts and
+// every second (Store.CheckOrdering), and follows it, logging a change: a
+// table converted while the relay runs is relayed in its new mode from the
+// next claim (until then the store's unordered claims take no message with
+// a key from an ordered table). A relay reconciles the store's held
+// messages every second while the table is ordered (Store.Reconcile), and
+// once when it starts or the table turns unordered. A relay whose store is
+// configured OrderedByKey refuses to run on a table that is not ordered.
 //
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as
 // permanent and reported by Relay.Health. Run returns an error only for
 // what cannot change while it runs: a closed publisher, a store without a
-// pool.
+// pool, a table that cannot keep the order it is asked to keep.
 //
 // The AMQP side is AMQPPublisher (github.com/rabbitmq/amqp091-go); any
 // other broker plugs in through the Publisher interface.

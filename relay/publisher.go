@@ -69,22 +69,26 @@ type Store interface {
 	MarkFailed(ctx context.Context, msg outbox.Message, reason string) error
 	Release(ctx context.Context, msgs ...outbox.Message) error
 
-	// Ordering says whether claims keep each key's order; the relay then
-	// publishes a key's messages one confirm after another.
+	// Ordering says whether claims keep each key's order now (the table's
+	// mode, as last read by CheckOrdering); the relay then publishes a
+	// key's messages one confirm after another. It is read before and after
+	// every claim.
 	Ordering() outbox.Ordering
 
 	// MaxAttempts is how many failed attempts park a message (0: not
 	// known), for Observer.Failed.
 	MaxAttempts() int
 
-	// CheckOrdering returns an error wrapping outbox.ErrOrderingUnsafe
-	// when the storage cannot keep ordered mode's order; a relay in
-	// ordered mode refuses to start then.
+	// CheckOrdering reads the table's mode again, which Ordering returns
+	// from then on, and returns an error wrapping outbox.ErrOrderingUnsafe
+	// when the storage cannot keep the order it is asked to keep; a relay
+	// calls it when it starts (and refuses to start on that error) and
+	// every second while it runs.
 	CheckOrdering(ctx context.Context) error
 
 	// Reconcile sets aside (holds) the messages of blocked keys and brings
-	// back the others; a relay in ordered mode calls it every second, one
-	// in unordered mode once at start.
+	// back the others; a relay calls it every second while the table is
+	// ordered, and once when it starts or the table turns unordered.
 	Reconcile(ctx context.Context) (held, unheld int64, err error)
 
 	// Subscribe announces writes made in this process: a value on the
