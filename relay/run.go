@@ -342,7 +342,9 @@ const orderingRefresh = time.Second
 // claim. Until the store has read that a table became ordered, its
 // unordered claims take no message with a key (see outbox.Store.Claim).
 func (r *Relay) refreshOrdering(ctx context.Context) {
-	err := r.store.CheckOrdering(ctx)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/3) // as a claim: a hung database does not hold the claimer
+	defer cancel()
+	err := r.store.CheckOrdering(cctx)
 	if err != nil && !errors.Is(err, outbox.ErrOrderingUnsafe) {
 		return // the database: the claim will say
 	}
