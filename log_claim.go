@@ -269,6 +269,16 @@ func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool,
 	b := *cand
 	b.gen++
 	ref := batchRef{batch: b.id, gen: b.gen}
+	// A mark of the batch's old generation is fenced by a snapshot ("no
+	// later gen"): one already running when this take-over read the
+	// settles would pass the fence and commit, and its messages would be
+	// published again. The settle table's SHARE lock waits for the marks
+	// in flight (the reclaim below then sees them) and holds new ones
+	// until this commits (they then see the new generation and find their
+	// lease lost).
+	if _, err := tx.ExecContext(ctx, "LOCK TABLE "+ls.l.settle+" IN SHARE MODE"); err != nil {
+		return nil, err
+	}
 	rs, err := tx.QueryContext(ctx, ls.reclaimSQL, b.id, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq)
 	if err != nil {
 		return nil, err
@@ -276,6 +286,9 @@ func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool,
 	msgs, err = scanMessages(rs, ref.String())
 	if err != nil {
 		return nil, err
+	}
+	if len(msgs) == 0 {
+		return nil, nil // settled meanwhile
 	}
 	b.n = len(msgs)
 	return ls.insertBatch(ctx, tx, b, lease, msgs)
