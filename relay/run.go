@@ -33,15 +33,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
-	configured := r.store.Ordering()
 	if err := r.checkOrdering(ctx); err != nil {
 		return err
 	}
 	r.ordered.Store(r.store.Ordering() == outbox.OrderedByKey)
 	r.logger.InfoContext(ctx, "relay: Started", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Bool("ordered", r.ordered.Load()), slog.Int("max_in_flight", r.cfg.MaxInFlight))
-	if r.ordered.Load() && configured != outbox.OrderedByKey {
-		r.logger.InfoContext(ctx, "relay: The table is ordered: relaying each key's messages in commit order, as every relay of an ordered table does (the store was configured unordered)")
+	if r.ordered.Load() {
+		r.logger.InfoContext(ctx, "relay: The table is ordered: relaying each key's messages in commit order, as every relay of an ordered table does, whatever its store's configuration")
 	}
 
 	// A fatal error in any stage stops the others through runCtx.
