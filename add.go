@@ -174,6 +174,10 @@ var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 // trigger would take them row by row, and two writers could deadlock),
 // takes them if the table is ordered, and learns that it is not for a while.
 func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
+	ordered := s.ordering == OrderedByKey
+	if !ordered && (len(evts) < 2 || s.knownUnordered()) {
+		return nil // the common write of an unordered store: nothing to gather
+	}
 	var keys []string
 	for i := range evts {
 		if evts[i].Key != "" {
@@ -185,8 +189,7 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	ordered := s.ordering == OrderedByKey
-	if !ordered && (len(keys) < 2 || s.knownUnordered()) {
+	if !ordered && len(keys) < 2 {
 		return nil
 	}
 	// An array literal rather than a []string: the writer's driver is the

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -141,6 +140,53 @@ func (s *Store) knownUnordered() bool {
 	return s.tm.mode.Load() == modeUnordered && time.Since(time.Unix(0, s.tm.at.Load())) < modeFresh
 }
 
+// tableOrder is what the catalog says of a table's order: whether it has
+// its order trigger, whether it has seq, and the CACHE of the sequence seq
+// owns (not valid when it owns none).
+type tableOrder struct {
+	ordered, hasSeq bool
+	cache           sql.NullInt64
+}
+
+// readOrder reads the table's order from the catalog, in one round trip
+// (relays do it every second), and records its mode.
+func (s *Store) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
+	var o tableOrder
+	// The sequence the column owns (OWNED BY): the column's indexes depend
+	// on it too, so it is not just any dependent object.
+	err := db.QueryRowContext(ctx, `SELECT
+	EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D'),
+	a.attnum IS NOT NULL, s.seqcache
+FROM (SELECT 1) AS one
+LEFT JOIN pg_attribute AS a ON a.attrelid = to_regclass($1) AND a.attname = 'seq' AND NOT a.attisdropped
+LEFT JOIN (pg_depend AS d JOIN pg_sequence AS s ON s.seqrelid = d.objid)
+	ON d.refobjid = a.attrelid AND d.refobjsubid = a.attnum AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'`,
+		s.t.quoted, s.t.orderTrigger()).Scan(&o.ordered, &o.hasSeq, &o.cache)
+	if err != nil {
+		return o, fmt.Errorf("outbox: reading the order of %s: %w", s.t.full, err)
+	}
+	if o.ordered {
+		s.tm.set(OrderedByKey)
+	} else {
+		s.tm.set(Unordered)
+	}
+	return o, nil
+}
+
+// seqUnsafe returns an error wrapping ErrOrderingUnsafe when the table's
+// seq cannot number a key's rows in commit order.
+func (s *Store) seqUnsafe(o tableOrder) error {
+	switch {
+	case !o.hasSeq:
+		return fmt.Errorf("%w: %s has no seq column: apply migration 000002 (or `outbox schema --apply`)", ErrOrderingUnsafe, s.t.full)
+	case !o.cache.Valid:
+		return fmt.Errorf("%w: the seq column of %s is not numbered by its own sequence: apply migration 000002", ErrOrderingUnsafe, s.t.full)
+	case o.cache.Int64 > 1:
+		return fmt.Errorf("%w: the sequence of %s caches %d numbers per session, so a later writer of a key can get a smaller one: ALTER SEQUENCE ... CACHE 1", ErrOrderingUnsafe, s.t.full, o.cache.Int64)
+	}
+	return nil
+}
+
 // TableOrdering reads the table's mode from the database: OrderedByKey for
 // an ordered table (one with the trigger of OrderSchema), Unordered
 // otherwise, a table of the log layout included.
@@ -149,18 +195,11 @@ func (s *Store) TableOrdering(ctx context.Context) (Ordering, error) {
 	if err != nil {
 		return Unordered, err
 	}
-	var ordered bool
-	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D')`,
-		s.t.quoted, s.t.orderTrigger()).Scan(&ordered)
-	if err != nil {
-		return Unordered, fmt.Errorf("outbox: reading the mode of %s: %w", s.t.full, err)
+	o, err := s.readOrder(ctx, db)
+	if err != nil || !o.ordered {
+		return Unordered, err
 	}
-	o := Unordered
-	if ordered {
-		o = OrderedByKey
-	}
-	s.tm.set(o)
-	return o, nil
+	return OrderedByKey, nil
 }
 
 // CheckOrdering reads the table's mode (see TableOrdering), which the
@@ -174,7 +213,7 @@ func (s *Store) TableOrdering(ctx context.Context) (Ordering, error) {
 // holding cached blocks would give a later writer of a key a smaller
 // number than an earlier one. It is another error when the table could
 // not be read. Relays check it when they start, and every second while
-// they run.
+// they run: one round trip.
 func (s *Store) CheckOrdering(ctx context.Context) error {
 	db, err := s.pool()
 	if err != nil {
@@ -189,38 +228,14 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 		}
 		return nil
 	}
-	mode, err := s.TableOrdering(ctx)
-	if err != nil {
-		return err
-	}
-	if mode != OrderedByKey {
-		if s.ordering == OrderedByKey {
-			return fmt.Errorf("%w: %s is not an ordered table, and this store is configured OrderedByKey: make it one with `outbox convert --to ordered` (Store.ConvertOrdering), safe while writers and relays run", ErrOrderingUnsafe, s.t.full)
-		}
-		return nil
-	}
-	return s.checkSeq(ctx, db)
-}
-
-// checkSeq returns an error wrapping ErrOrderingUnsafe when the table's
-// seq cannot number a key's rows in commit order.
-func (s *Store) checkSeq(ctx context.Context, db *sql.DB) error {
-	var cache sql.NullInt64
-	// The sequence the column owns (OWNED BY); the column's indexes
-	// depend on it too, so it is not just any dependent object.
-	err := db.QueryRowContext(ctx, `SELECT s.seqcache FROM pg_attribute AS a
-LEFT JOIN (pg_depend AS d JOIN pg_sequence AS s ON s.seqrelid = d.objid)
-	ON d.refobjid = a.attrelid AND d.refobjsubid = a.attnum AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'
-WHERE a.attrelid = to_regclass($1) AND a.attname = 'seq' AND NOT a.attisdropped`, s.t.quoted).Scan(&cache)
+	o, err := s.readOrder(ctx, db)
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("%w: %s has no seq column: apply migration 000002 (or `outbox schema --apply`)", ErrOrderingUnsafe, s.t.full)
 	case err != nil:
-		return fmt.Errorf("outbox: checking the order of %s: %w", s.t.full, err)
-	case !cache.Valid:
-		return fmt.Errorf("%w: the seq column of %s is not numbered by its own sequence: apply migration 000002", ErrOrderingUnsafe, s.t.full)
-	case cache.Int64 > 1:
-		return fmt.Errorf("%w: the sequence of %s caches %d numbers per session, so a later writer of a key can get a smaller one: ALTER SEQUENCE ... CACHE 1", ErrOrderingUnsafe, s.t.full, cache.Int64)
+		return err
+	case o.ordered:
+		return s.seqUnsafe(o)
+	case s.ordering == OrderedByKey:
+		return fmt.Errorf("%w: %s is not an ordered table, and this store is configured OrderedByKey: make it one with `outbox convert --to ordered` (Store.ConvertOrdering), safe while writers and relays run", ErrOrderingUnsafe, s.t.full)
 	}
 	return nil
 }
@@ -270,15 +285,19 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 		}
 		return OrderingConversion{}, nil
 	}
-	from, err := s.TableOrdering(ctx)
+	o, err := s.readOrder(ctx, db)
 	if err != nil {
 		return OrderingConversion{}, err
+	}
+	from := Unordered
+	if o.ordered {
+		from = OrderedByKey
 	}
 	c := OrderingConversion{From: from, To: to}
 	if to == OrderedByKey && from != to {
 		// The trigger numbers rows from seq's sequence, which must be
 		// there and must not cache numbers.
-		if err := s.checkSeq(ctx, db); err != nil {
+		if err := s.seqUnsafe(o); err != nil {
 			return c, err
 		}
 	}

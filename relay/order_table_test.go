@@ -3,8 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -21,15 +19,6 @@ import (
 	"github.com/acemq/outbox/internal/syncbuf"
 	"github.com/acemq/outbox/relay"
 )
-
-// logTo returns a logger that writes both to buf and to the test's log.
-func logTo(t *testing.T, buf *syncbuf.Buffer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{t}), nil))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
 // Issue 21, item 1: a relay whose store is configured unordered, started on
 // an ordered table, relays in the table's mode and says so: the first
@@ -59,7 +48,7 @@ func TestUnorderedRelayOnOrderedTableKeepsTheOrder(t *testing.T) {
 	b.store = unordered
 	b.write(t, len(evts), 7, func(i int) outbox.Event { return evts[i] })
 	var logs syncbuf.Buffer
-	start(t, unordered, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, MaxInFlight: 4, BatchSize: 8, Logger: logTo(t, &logs)})
+	start(t, unordered, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, MaxInFlight: 4, BatchSize: 8, Logger: dbtest.LoggerTo(t, &logs)})
 
 	require.Eventually(t, func() bool { return b.count(t, "parked_at IS NOT NULL") == 1 }, 30*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 50 }, 30*time.Second, 10*time.Millisecond)
@@ -88,7 +77,7 @@ func TestConvertOrderingWhileRelaying(t *testing.T) {
 		t.Skip("the log layout has no ordered tables yet")
 	}
 	var logs syncbuf.Buffer
-	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 5 * time.Millisecond, MaxInFlight: 4, BatchSize: 10, Logger: logTo(t, &logs)})
+	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 5 * time.Millisecond, MaxInFlight: 4, BatchSize: 10, Logger: dbtest.LoggerTo(t, &logs)})
 
 	writer, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: b.store.Table(), Router: outbox.ToExchange(b.top.Exchange)})
 	require.NoError(t, err)

@@ -268,9 +268,13 @@ func TestStoreWrapperCannotLoseOrderedMode(t *testing.T) {
 	t.Parallel()
 	storeType := reflect.TypeFor[Store]()
 	require.False(t, reflect.TypeFor[*workOnly]().Implements(storeType), "a wrapper of the four work methods only is not a Store")
-	wrapped := struct{ Store }{orderedStore{&fakeStore{}}}
+	inner := &fakeStore{}
+	inner.push(msgs("a", "b")...)
+	wrapped := struct{ Store }{orderedStore{inner}}
 	r := newTestRelay(t, wrapped, PublisherFunc(publishNothing), nil)
-	require.Equal(t, outbox.OrderedByKey, r.store.Ordering(), "ordered mode passes through the wrapper: claims read it from the store")
+	b, err := r.claim(context.Background(), context.Background())
+	require.NoError(t, err)
+	require.True(t, b.ordered, "ordered mode passes through the wrapper: the batch is published in rounds")
 }
 
 // workOnly forwards the work and nothing else, as wrappers once did.

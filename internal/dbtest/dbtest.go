@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -226,12 +227,20 @@ func Main(m *testing.M, opts ...goleak.Option) {
 
 // Logger returns a logger that writes to the test's log, at debug level when
 // OUTBOX_DEBUG=1 and at info level otherwise.
-func Logger(tb testing.TB) *slog.Logger {
+func Logger(tb testing.TB) *slog.Logger { return LoggerTo(tb, nil) }
+
+// LoggerTo is Logger that also writes to w (when not nil), for tests that
+// assert what was logged.
+func LoggerTo(tb testing.TB, w io.Writer) *slog.Logger {
 	level := slog.LevelInfo
 	if os.Getenv("OUTBOX_DEBUG") == "1" {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: level}))
+	var out io.Writer = testWriter{tb}
+	if w != nil {
+		out = io.MultiWriter(w, out)
+	}
+	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
 }
 
 type testWriter struct{ tb testing.TB }
