@@ -79,25 +79,34 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 	defer rows.Close()
 	var msgs []Message
 	for rows.Next() {
-		var (
-			m        Message
-			headers  []byte
-			claimed  sql.NullTime
-			parkedAt sql.NullTime
-		)
-		if err := rows.Scan(&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
-			&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt); err != nil {
+		m, err := scanMessage(rows, token)
+		if err != nil {
 			return nil, err
 		}
-		if err := m.decodeHeaders(headers); err != nil {
-			return nil, err
-		}
-		m.ClaimedUntil = claimed.Time
-		m.ParkedAt = parkedAt.Time
-		m.claimToken = token
 		msgs = append(msgs, m)
 	}
 	return msgs, rows.Err()
+}
+
+// scanMessage reads one row of the columns scanMessages reads, then into
+// extra, the columns after them.
+func scanMessage(rows *sql.Rows, token string, extra ...any) (Message, error) {
+	var (
+		m        Message
+		headers  []byte
+		claimed  sql.NullTime
+		parkedAt sql.NullTime
+	)
+	dest := append([]any{&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
+		&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return Message{}, err
+	}
+	if err := m.decodeHeaders(headers); err != nil {
+		return Message{}, err
+	}
+	m.ClaimedUntil, m.ParkedAt, m.claimToken = claimed.Time, parkedAt.Time, token
+	return m, nil
 }
 
 // decodeHeaders sets m.Headers from the jsonb of its row ('{}': none).

@@ -87,9 +87,11 @@
 //   - parked: failed [StoreConfig.MaxAttempts] times; waits for an
 //     operator ([Store.Retry], [Store.Discard]).
 //   - discarded: given up on by an operator; its row stays until purged.
-//   - held (ordered mode): set aside in the table because an earlier
-//     message of its key failed; it comes back when that one is published,
-//     re-armed or discarded ([Stats.Held], [Store.Reconcile]).
+//   - held (ordered mode): set aside because an earlier message of its key
+//     failed (or, in the log layout, is in flight while it waits in a
+//     batch of its own); it comes back when that one is published,
+//     re-armed or discarded ([Stats.Held], [Store.Reconcile]). The rows
+//     layout holds it in the table, the log layout in the failed table.
 //   - blocked key (ordered mode): a key with a parked message; its later
 //     messages are held until an operator acts ([Stats.BlockedKeys]).
 //   - not sent (ordered mode, in a relay's memory): a message of a batch
@@ -124,4 +126,24 @@
 // under its next gen, and marks are fenced by the gen. A partition is
 // emptied only when every event in it is visible in the horizon: the lo of
 // the oldest unfinished batch, or the cursor.
+//
+// An ordered table of the log layout ([LogOrderSchema], or
+// [Store.ConvertOrdering]) has an order trigger too: it takes the key's
+// turn, then numbers every row (ord, a sequence of its own: seq is drawn
+// before the trigger runs, since it chooses the partition). A window is
+// taken in the order of ord, which is the commit order of a key's rows,
+// not of (tx, seq), which is not: a transaction can get its id before
+// another writer of its key and write after that one committed. A batch
+// records the keys it holds, and while it is unfinished no other batch
+// publishes a message of those keys: a claim stops before the first such
+// message, or, when that is the first of its batch (a key with a backlog
+// in flight), takes it all the same and sets it aside. A message is set
+// aside (held) in the failed table, behind the messages of its key there,
+// when its key has a message there that is neither published nor
+// discarded, or when it is so held up; its batch records it as failed.
+// The failed table gives out a key's messages from its first on, while
+// each is due and not parked and no unfinished batch holds the key. What
+// was written before the table was made ordered (without ord) is taken
+// first, in the order of (tx, seq), up to the snapshot that the conversion
+// recorded.
 package outbox

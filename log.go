@@ -19,8 +19,7 @@ type Layout int
 const (
 	// LayoutRows keeps one row per message and updates it as the message is
 	// claimed, published, failed or parked. It is what Schema and the
-	// embedded migrations create, and the only layout that keeps per-key
-	// order (StoreConfig.Ordering) so far.
+	// embedded migrations create.
 	LayoutRows Layout = iota + 1
 
 	// LayoutLog only ever inserts events: what relays took, published or
@@ -29,7 +28,9 @@ const (
 	// never by DELETE or UPDATE. Relaying leaves no dead tuples in the
 	// table that holds the events, so claims do not slow down while
 	// VACUUM is held back (by a long report query, say). Created by
-	// LogSchema (`outbox schema --layout log`). Unordered only, for now.
+	// LogSchema (`outbox schema --layout log`); made ordered by
+	// Store.ConvertOrdering (`outbox convert --to ordered`) or created so
+	// (`outbox schema --layout log --ordered`), like a table of LayoutRows.
 	LayoutLog
 )
 
@@ -52,19 +53,20 @@ const (
 	logPartsDefault      = 16
 	logBatchChunkDefault = 1024
 	logBatchParts        = 4
-	logVersion           = 1
+	logVersion           = 2
 )
 
 // logTables names the objects of a table of LayoutLog.
 type logTables struct {
-	meta, batch, settle, failed, seq, view, claimFn string // quoted, qualified
-	chunk, parts, batchChunk                        int64
+	meta, batch, settle, failed, seq, ordSeq, view, claimFn string // quoted, qualified
+	chunk, parts, batchChunk                                int64
 }
 
 func (t table) logTables() logTables {
 	return logTables{
 		meta: t.qualified(t.name + "_log"), batch: t.qualified(t.name + "_batch"), settle: t.qualified(t.name + "_settle"),
-		failed: t.qualified(t.name + "_failed"), seq: t.qualified(t.name + "_seq"), view: t.qualified(t.name + "_messages"),
+		failed: t.qualified(t.name + "_failed"), seq: t.qualified(t.name + "_seq"), ordSeq: t.qualified(t.name + "_ord_seq"),
+		view:    t.qualified(t.name + "_messages"),
 		claimFn: t.qualified(t.name + "_claim"),
 		chunk:   logChunkDefault, parts: logPartsDefault, batchChunk: logBatchChunkDefault,
 	}
@@ -93,12 +95,28 @@ func (t table) logSQL(l logTables) string {
 		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i)), l.batch, i)
 		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i)), l.settle, i)
 	}
-	r := strings.NewReplacer("{table}", t.quoted, "{name}", t.name, "{seq}", l.seq, "{seqname}", strings.ReplaceAll(l.seq, "'", "''"),
-		"{meta}", l.meta, "{view}", l.view, "{claimfn}", l.claimFn, "{lockkey}", strings.ReplaceAll(l.lockKey(), "'", "''"), "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
+	return t.logReplacer(l, "{partitions}", parts.String(), "{bpartitions}", bparts.String()).Replace(logDDL)
+}
+
+// logReplacer fills the placeholders of the log layout's statements.
+func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
+	lit := func(s string) string { return strings.ReplaceAll(s, "'", "''") }
+	return strings.NewReplacer(append([]string{"{table}", t.quoted, "{name}", t.name, "{seq}", l.seq, "{seqname}", lit(l.seq),
+		"{ordseq}", l.ordSeq, "{ordseqname}", lit(l.ordSeq), "{trigger}", `"` + t.orderTrigger() + `"`, "{triggerfn}", t.qualified(t.orderTrigger()),
+		"{meta}", l.meta, "{view}", l.view, "{claimfn}", l.claimFn, "{lockkey}", lit(l.lockKey()), "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
-		"{partitions}", parts.String(), "{bpartitions}", bparts.String(), "{version}", fmt.Sprint(logVersion))
-	return r.Replace(`-- An outbox table of the log layout: events are only ever inserted.
+		"{version}", fmt.Sprint(logVersion), "{ordered}", t.orderedNow(),
+		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key"))}, more...)...)
+}
+
+// logDDL creates a table of the log layout, or brings one of version 1 to
+// the current version (the ord columns, the boundary of ordered mode and
+// the claim function that knows them).
+const logDDL = `-- An outbox table of the log layout: events are only ever inserted.
 CREATE SEQUENCE IF NOT EXISTS {seq};
+-- ord numbers the rows of an ordered table in the order their writers took
+-- their key's turn (see the order trigger): NULL on an unordered table.
+CREATE SEQUENCE IF NOT EXISTS {ordseq} CACHE 1;
 
 -- tx is the writing transaction's id: relays take what became visible
 -- between two snapshots, so a transaction that commits late is never
@@ -116,19 +134,27 @@ CREATE TABLE IF NOT EXISTS {table} (
     payload      bytea       NOT NULL,
     content_type text        NOT NULL DEFAULT 'application/json',
     headers      jsonb       NOT NULL DEFAULT '{}',
-    created_at   timestamptz NOT NULL DEFAULT now()
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    ord          bigint
 ) PARTITION BY LIST (((seq / {chunk}) % {parts}));
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS ord bigint;
 ALTER SEQUENCE {seq} OWNED BY {table}.seq;
+ALTER SEQUENCE {ordseq} OWNED BY {table}.ord;
 {partitions}
 -- Relays read the events of a window of transactions in this order.
 CREATE INDEX IF NOT EXISTS "{name}_tx_idx" ON {table} (tx, seq);
 -- Operators find a message by id.
 CREATE INDEX IF NOT EXISTS "{name}_id_idx" ON {table} (id);
+-- Relays of an ordered table read a window in the order of ord.
+CREATE INDEX IF NOT EXISTS "{name}_ord_idx" ON {table} (ord) WHERE ord IS NOT NULL;
 
 -- One row per claim, never updated: which window of transactions
 -- (between snapshots lo and hi) and which part of it ((after, last] in
 -- the order of tx, seq) a relay took, under which lease. A batch whose
--- lease ran out is claimed again under the next gen.
+-- lease ran out is claimed again under the next gen. On an ordered table
+-- a window is taken in the order of ord: such a batch has last_tx 0 and
+-- its part is (after_seq, last_seq] in ord; keys are the keys of its
+-- messages (claimed while the table is ordered; NULL otherwise).
 CREATE TABLE IF NOT EXISTS {batch} (
     batch_id    bigint      NOT NULL,
     gen         integer     NOT NULL,
@@ -142,12 +168,15 @@ CREATE TABLE IF NOT EXISTS {batch} (
     more        boolean     NOT NULL,
     token       uuid        NOT NULL,
     lease_until timestamptz NOT NULL,
-    claimed_at  timestamptz NOT NULL DEFAULT now()
+    claimed_at  timestamptz NOT NULL DEFAULT now(),
+    keys        text[]
 ) PARTITION BY LIST (((batch_id / {bchunk}) % {bparts}));
+ALTER TABLE {batch} ADD COLUMN IF NOT EXISTS keys text[];
 CREATE INDEX IF NOT EXISTS "{name}_batch_idx" ON {batch} (batch_id, gen);
 
 -- What became of the messages of a batch, never updated: published (p),
--- failed (f, then kept in the failed table) or released (r).
+-- failed or set aside behind a failed message of their key (f, then kept
+-- in the failed table) or released (r).
 CREATE TABLE IF NOT EXISTS {settle} (
     batch_id bigint      NOT NULL,
     gen      integer     NOT NULL,
@@ -157,9 +186,10 @@ CREATE TABLE IF NOT EXISTS {settle} (
 ) PARTITION BY LIST (((batch_id / {bchunk}) % {bparts}));
 {bpartitions}CREATE INDEX IF NOT EXISTS "{name}_settle_idx" ON {settle} (batch_id, gen);
 
--- Messages that failed at least once: a copy of the event and its attempts,
--- backoff and claim, until it is published or discarded. Its rows change
--- with failures, never with the traffic.
+-- Messages that failed at least once, and on an ordered table those held
+-- behind them (attempts 0, no last_error): a copy of the event and its
+-- attempts, backoff and claim, until it is published or discarded. Its
+-- rows change with failures, never with the traffic.
 CREATE TABLE IF NOT EXISTS {failed} (
     id            uuid        PRIMARY KEY,
     seq           bigint      NOT NULL,
@@ -178,10 +208,15 @@ CREATE TABLE IF NOT EXISTS {failed} (
     claim_token   uuid,
     parked_at     timestamptz,
     published_at  timestamptz,
-    discarded_at  timestamptz
+    discarded_at  timestamptz,
+    ord           bigint
 );
+ALTER TABLE {failed} ADD COLUMN IF NOT EXISTS ord bigint;
 CREATE INDEX IF NOT EXISTS "{name}_failed_due_idx" ON {failed} (available_at)
     WHERE published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL;
+-- Claims of an ordered table ask whether a key has a message here.
+CREATE INDEX IF NOT EXISTS "{name}_failed_key_idx" ON {failed} (event_key, ord)
+    WHERE published_at IS NULL AND discarded_at IS NULL;
 
 -- Every event with its state, in the columns of the rows layout, for
 -- operators and tests: what became of a message. It reads the settle
@@ -197,46 +232,164 @@ SELECT o.id, o.seq, o.tx, o.event_type, o.event_key, o.exchange, o.routing_key, 
          ELSE (SELECT min(s.at) FROM {settle} AS s WHERE s.kind = 'p' AND s.seqs @> ARRAY[o.seq]) END AS published_at,
     f.parked_at,
     f.discarded_at,
-    false AS held
+    coalesce(f.last_error IS NULL AND f.published_at IS NULL AND f.discarded_at IS NULL, false) AS held
 FROM {table} AS o
 LEFT JOIN {failed} AS f ON f.id = o.id
 LEFT JOIN LATERAL (
     SELECT b.lease_until, b.token FROM {batch} AS b
     WHERE pg_visible_in_snapshot(o.tx, b.hi) AND NOT pg_visible_in_snapshot(o.tx, b.lo)
-      AND (o.tx, o.seq) > (b.after_tx, b.after_seq) AND (o.tx, o.seq) <= (b.last_tx, b.last_seq)
+      AND CASE WHEN b.last_tx = '0' THEN o.ord > b.after_seq AND o.ord <= b.last_seq
+          ELSE (o.tx, o.seq) > (b.after_tx, b.after_seq) AND (o.tx, o.seq) <= (b.last_tx, b.last_seq) END
       AND NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)
       AND NOT EXISTS (SELECT 1 FROM {settle} AS s WHERE s.batch_id = b.batch_id AND s.seqs @> ARRAY[o.seq] AND s.kind IN ('p', 'f', 'r'))
     LIMIT 1) AS c ON true;
+
+-- Marks the table as one of the log layout, and its sizes. ordered_from
+-- is the snapshot at which the table was last made ordered, until what
+-- was committed before it (without ord) is taken, in the order of tx, seq.
+CREATE TABLE IF NOT EXISTS {meta} (
+    version       integer NOT NULL,
+    chunk         bigint  NOT NULL,
+    parts         integer NOT NULL,
+    batch_chunk   bigint  NOT NULL,
+    batch_parts   integer NOT NULL,
+    ordered_from  pg_snapshot
+);
+ALTER TABLE {meta} ADD COLUMN IF NOT EXISTS ordered_from pg_snapshot;
+INSERT INTO {meta} (version, chunk, parts, batch_chunk, batch_parts)
+SELECT {version}, {chunk}, {parts}, {bchunk}, {bparts} WHERE NOT EXISTS (SELECT 1 FROM {meta});
 
 -- A claim of the next events: in one transaction, under the table's claim
 -- lock, the next part of the current window of transactions, or the next
 -- window when it is drained, recorded as a batch. Each statement of the
 -- function takes a fresh snapshot: the cursor is read after the lock.
-CREATE OR REPLACE FUNCTION {claimfn}(n integer, lease_us bigint, max_bytes bigint, claim_token uuid)
+--
+-- On an ordered table (it has its order trigger) a claim takes a window in
+-- the order of ord, which is the order of commit for the rows of a key, and
+-- stops before the first message whose key an unfinished batch holds (from
+-- batch low on: the caller knows the batches before it are finished), so
+-- that two batches never publish messages of one key; a batch claimed
+-- while the table was unordered holds every key. It says of each message
+-- whether its key is blocked: it has a message in the failed table, or,
+-- when the batch's first message is held (a key with a backlog in flight),
+-- an unfinished batch holds it. The caller sets those aside in the failed
+-- table, behind the messages of their key. table_ordered says whether the
+-- table was ordered when the claim ran.
+DROP FUNCTION IF EXISTS {claimfn}(integer, bigint, bigint, uuid);
+DROP FUNCTION IF EXISTS {claimfn}(integer, bigint, bigint, uuid, bigint);
+CREATE FUNCTION {claimfn}(n integer, lease_us bigint, max_bytes bigint, claim_token uuid, low bigint)
 RETURNS TABLE (batch_id bigint, lease_until timestamptz, id uuid, seq bigint, tx xid8, event_type text, event_key text, exchange text,
-    routing_key text, payload bytea, content_type text, headers jsonb, created_at timestamptz)
+    routing_key text, payload bytea, content_type text, headers jsonb, created_at timestamptz, ord bigint, blocked boolean,
+    table_ordered boolean)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
-    l     record;
-    bid   bigint := 1;
-    lo    pg_snapshot := '3:3:';
-    hi    pg_snapshot;
-    a_tx  xid8 := '0';
-    a_seq bigint := 0;
+    l        record;
+    m        record;
+    bid      bigint := 1;
+    lo       pg_snapshot := '3:3:';
+    hi       pg_snapshot;
+    a_tx     xid8 := '0';
+    a_seq    bigint := 0;
+    by_ord   boolean := false;
+    ordered  boolean;
+    w_min    bigint;
+    w_nulls  boolean;
+    every    boolean := false;
+    inflight text[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('{lockkey}', 0));
+    ordered := {ordered};
+    IF ordered THEN
+        SELECT coalesce(bool_or(b.keys IS NULL), false), coalesce(array_agg(DISTINCT x.k) FILTER (WHERE x.k IS NOT NULL), '{}')
+        INTO every, inflight
+        FROM {batch} AS b LEFT JOIN LATERAL unnest(b.keys) AS x(k) ON true
+        WHERE b.batch_id >= low AND NOT EXISTS (SELECT 1 FROM {batch} AS y WHERE y.batch_id = b.batch_id AND y.gen > b.gen)
+          AND b.n > (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
+                     WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f'));
+        IF every THEN
+            RETURN; -- a batch of the table's unordered days is unfinished
+        END IF;
+    END IF;
     SELECT b.batch_id, b.lo, b.hi, b.last_tx, b.last_seq, b.more INTO l
     FROM {batch} AS b ORDER BY b.batch_id DESC, b.gen DESC LIMIT 1;
     IF FOUND THEN
         bid := l.batch_id + 1;
         IF l.more THEN
-            lo := l.lo; hi := l.hi; a_tx := l.last_tx; a_seq := l.last_seq;
+            lo := l.lo; hi := l.hi; a_tx := l.last_tx; a_seq := l.last_seq; by_ord := l.last_tx = '0';
         ELSE
             lo := l.hi;
         END IF;
     END IF;
     IF hi IS NULL THEN
         hi := pg_current_snapshot();
+        IF ordered THEN
+            SELECT x.ordered_from INTO m FROM {meta} AS x;
+            IF m.ordered_from IS NOT NULL THEN
+                -- What was committed before the table was made ordered
+                -- and not taken yet is a window of its own, up to that
+                -- snapshot, in the order of tx, seq. Once there is none,
+                -- there never is again.
+                IF EXISTS (SELECT 1 FROM {table} AS o
+                           WHERE o.tx >= pg_snapshot_xmin(lo) AND o.tx < pg_snapshot_xmax(m.ordered_from)
+                             AND pg_visible_in_snapshot(o.tx, m.ordered_from) AND NOT pg_visible_in_snapshot(o.tx, lo)) THEN
+                    hi := m.ordered_from;
+                ELSE
+                    UPDATE {meta} SET ordered_from = NULL;
+                    m.ordered_from := NULL;
+                END IF;
+            END IF;
+            IF m.ordered_from IS NULL THEN
+                SELECT min(w.ord), bool_or(w.ord IS NULL) INTO w_min, w_nulls FROM (
+                    (SELECT o.ord FROM {table} AS o
+                     WHERE o.tx = ANY(ARRAY(SELECT pg_snapshot_xip(lo))) AND pg_visible_in_snapshot(o.tx, hi))
+                    UNION ALL
+                    (SELECT o.ord FROM {table} AS o
+                     WHERE o.tx >= pg_snapshot_xmax(lo) AND o.tx < pg_snapshot_xmax(hi) AND pg_visible_in_snapshot(o.tx, hi))) AS w;
+                IF w_nulls IS NULL THEN
+                    RETURN; -- nothing new
+                END IF;
+                -- A row without ord (written by a trigger-less writer
+                -- while the table was being made ordered by hand) makes
+                -- the window one of tx, seq: nothing is left behind.
+                IF NOT w_nulls THEN
+                    by_ord := true;
+                    a_seq := w_min - 1;
+                END IF;
+            END IF;
+        END IF;
+    END IF;
+    IF by_ord THEN
+        RETURN QUERY
+        WITH f AS (
+            SELECT o.* FROM {table} AS o
+            WHERE o.ord > a_seq AND pg_visible_in_snapshot(o.tx, hi) AND NOT pg_visible_in_snapshot(o.tx, lo)
+            ORDER BY o.ord LIMIT n + 1
+        ), r AS (SELECT f.*, row_number() OVER (ORDER BY f.ord) AS rn,
+                sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.ord) AS run,
+                bool_or(f.event_key <> '' AND f.event_key = ANY(inflight)) OVER (ORDER BY f.ord) AS held_up
+              FROM f),
+        -- When the first message's key is held (a hot key with a backlog
+        -- in flight), the batch takes the messages all the same and says
+        -- that the held ones are blocked: they wait in the failed table,
+        -- and the keys behind them pass.
+        k AS (SELECT * FROM r WHERE r.rn <= n AND (r.rn = 1 OR r.run <= max_bytes)
+              AND (NOT r.held_up OR (SELECT r1.held_up FROM r AS r1 WHERE r1.rn = 1))),
+        last AS (SELECT k.ord FROM k ORDER BY k.ord DESC LIMIT 1),
+        ins AS (
+            INSERT INTO {batch} (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until, keys)
+            SELECT bid, 0, lo, hi, '0', a_seq, '0', last.ord, (SELECT count(*) FROM k), (SELECT count(*) FROM r) > (SELECT count(*) FROM k),
+                claim_token, now() + lease_us * interval '1 microsecond',
+                ARRAY(SELECT DISTINCT k.event_key FROM k WHERE k.event_key <> '')
+            FROM last
+            RETURNING {batch}.lease_until)
+        SELECT bid, ins.lease_until, k.id, k.seq, k.tx, k.event_type, k.event_key, k.exchange, k.routing_key, k.payload, k.content_type,
+            k.headers, k.created_at, k.ord,
+            k.event_key <> '' AND (k.event_key = ANY(inflight) OR EXISTS (SELECT 1 FROM {failed} AS fl
+                WHERE fl.event_key = k.event_key AND fl.published_at IS NULL AND fl.discarded_at IS NULL)),
+            ordered
+        FROM k, ins ORDER BY k.ord;
+        RETURN;
     END IF;
     RETURN QUERY
     WITH w AS (
@@ -250,45 +403,98 @@ BEGIN
          WHERE o.tx >= pg_snapshot_xmax(lo) AND o.tx < pg_snapshot_xmax(hi) AND (o.tx, o.seq) > (a_tx, a_seq)
            AND pg_visible_in_snapshot(o.tx, hi)
          ORDER BY o.tx, o.seq LIMIT n + 1)
-    ), f AS (SELECT * FROM w ORDER BY 3, 2 LIMIT n + 1),
+    ), f AS (SELECT * FROM w ORDER BY w.tx, w.seq LIMIT n + 1),
     r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,
-            sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.tx, f.seq) AS run
+            sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.tx, f.seq) AS run,
+            bool_or(ordered AND f.event_key <> '' AND f.event_key = ANY(inflight)) OVER (ORDER BY f.tx, f.seq) AS held_up
           FROM f),
-    k AS (SELECT * FROM r WHERE r.rn <= n AND (r.rn = 1 OR r.run <= max_bytes)),
+    k AS (SELECT * FROM r WHERE r.rn <= n AND (r.rn = 1 OR r.run <= max_bytes) AND NOT r.held_up),
     last AS (SELECT k.tx, k.seq FROM k ORDER BY k.tx DESC, k.seq DESC LIMIT 1),
     ins AS (
-        INSERT INTO {batch} (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until)
+        INSERT INTO {batch} (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until, keys)
         SELECT bid, 0, lo, hi, a_tx, a_seq, last.tx, last.seq, (SELECT count(*) FROM k), (SELECT count(*) FROM r) > (SELECT count(*) FROM k),
-            claim_token, now() + lease_us * interval '1 microsecond'
+            claim_token, now() + lease_us * interval '1 microsecond',
+            CASE WHEN ordered THEN ARRAY(SELECT DISTINCT k.event_key FROM k WHERE k.event_key <> '') END
         FROM last
         RETURNING {batch}.lease_until)
-    SELECT bid, ins.lease_until, k.id, k.seq, k.tx, k.event_type, k.event_key, k.exchange, k.routing_key, k.payload, k.content_type, k.headers, k.created_at
+    SELECT bid, ins.lease_until, k.id, k.seq, k.tx, k.event_type, k.event_key, k.exchange, k.routing_key, k.payload, k.content_type,
+        k.headers, k.created_at, k.ord,
+        ordered AND k.event_key <> '' AND EXISTS (SELECT 1 FROM {failed} AS fl
+            WHERE fl.event_key = k.event_key AND fl.published_at IS NULL AND fl.discarded_at IS NULL),
+        ordered
     FROM k, ins ORDER BY k.tx, k.seq;
 END
 $$;
 
--- Marks the table as one of the log layout, and its sizes.
-CREATE TABLE IF NOT EXISTS {meta} (
-    version     integer NOT NULL,
-    chunk       bigint  NOT NULL,
-    parts       integer NOT NULL,
-    batch_chunk bigint  NOT NULL,
-    batch_parts integer NOT NULL
-);
-INSERT INTO {meta} (version, chunk, parts, batch_chunk, batch_parts)
-SELECT {version}, {chunk}, {parts}, {bchunk}, {bparts} WHERE NOT EXISTS (SELECT 1 FROM {meta});
-`)
+UPDATE {meta} SET version = {version} WHERE version < {version};
+`
+
+// logOrderSQL makes a table of the log layout ordered (idempotent): its
+// order trigger takes the key's turn, then numbers the row (ord) — every
+// row, so that a window of an ordered table is read in one order. When it
+// creates the trigger, it records the boundary (ordered_from) in the next
+// statement, whose snapshot sees what was written before the trigger (the
+// trigger waited for those writers) and nothing written through it (those
+// writers wait for this transaction).
+const logOrderSQL = `CREATE OR REPLACE FUNCTION {triggerfn}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.event_key <> '' THEN
+        PERFORM {slotlock};
+    END IF;
+    NEW.ord := nextval('{ordseqname}');
+    RETURN NEW;
+END
+$$;
+
+DO $$
+BEGIN
+    IF NOT {ordered} THEN
+        CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {triggerfn}();
+        UPDATE {meta} SET ordered_from = pg_current_snapshot();
+    END IF;
+END
+$$;
+`
+
+// LogOrderSchema returns the DDL that makes the outbox table of the given
+// name, of LayoutLog, an ordered table (see OrderedByKey): run it after
+// LogSchema, or let `outbox schema --layout log --ordered` print both. On a
+// table that has messages and running relays, prefer Store.ConvertOrdering
+// (`outbox convert --to ordered`), which also waits for the claim in
+// progress. The statements are idempotent.
+func LogOrderSchema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return t.logOrderDDL(t.logTables()), nil
+}
+
+// logOrderDDL is the script that makes a table of the log layout ordered.
+func (t table) logOrderDDL(l logTables) string {
+	return t.logReplacer(l).Replace(logOrderSQL)
+}
+
+// logUnorderDDL makes a table of the log layout unordered.
+func (t table) logUnorderDDL(l logTables) string {
+	return t.unorderTriggerSQL() + t.logReplacer(l).Replace("UPDATE {meta} SET ordered_from = NULL;\n")
 }
 
 // CreateLogSchemaIfAbsent creates the table as one of LayoutLog (see
-// LogSchema) if it does not exist yet. Like CreateSchemaIfAbsent, it is
+// LogSchema) if it does not exist yet, or brings one of an earlier log
+// version up to date. A store configured OrderedByKey makes the table
+// ordered, as CreateSchemaIfAbsent does. Like CreateSchemaIfAbsent, it is
 // meant for development and tests.
 func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	db, err := s.pool()
 	if err != nil {
 		return err
 	}
-	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.logSQL(s.t.logTables())); err != nil {
+	ddl := s.t.logSQL(s.t.logTables())
+	if s.ordering == OrderedByKey {
+		ddl += s.t.logOrderDDL(s.t.logTables())
+	}
+	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, ddl); err != nil {
 		return fmt.Errorf("outbox: creating log schema of %s: %w", s.t.full, err)
 	}
 	s.forgetLayout()
@@ -338,6 +544,10 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk FROM "+l.meta+" LIMIT 1").Scan(&version, &chunk, &parts, &bchunk)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+		}
+		if version.Valid && version.Int64 < logVersion {
+			return 0, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
+				ErrInvalidTable, s.t.full, version.Int64, logVersion)
 		}
 		if !version.Valid || version.Int64 != logVersion {
 			return 0, fmt.Errorf("%w: %s has the log layout of version %d, which this version of the library (log layout %d) does not know",

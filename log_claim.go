@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +25,8 @@ type logStore struct {
 	s *Store
 	l logTables
 
-	claimSQL, reclaimSQL, unfinishedSQL, failedClaimSQL string
+	claimSQL, reclaimSQL, reclaimOrdSQL, unfinishedSQL string
+	failedClaimSQL, failedClaimOrdSQL, divertSQL       string
 
 	mu       sync.Mutex
 	low      int64     // no batch below it is unfinished, as far as this store has seen
@@ -36,16 +39,26 @@ type logStore struct {
 const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at`
 
 func newLogStore(s *Store, l logTables) *logStore {
-	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns)
+	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns,
+		"{blocked}", logBlocked(s.t, l), "{lockkey}", l.lockKey())
 	ls := &logStore{s: s, l: l}
-	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid)`
-	// The messages of batch $1 that no gen published or failed.
-	ls.reclaimSQL = r.Replace(`SELECT {columns}, 0, '', NULL::timestamptz, NULL::timestamptz FROM {table} AS o
+	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
+	// The messages of batch $1 that no gen published or failed, with
+	// whether their key is blocked: it has a message in the failed table,
+	// or another unfinished batch (from $8 on) holds it.
+	ls.reclaimSQL = r.Replace(`WITH ` + inflightCTE("$8", "$1") + `
+SELECT {columns}, 0, '', NULL::timestamptz, NULL::timestamptz, o.ord, {blocked} FROM {table} AS o, inflight AS i
 WHERE (o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($2::pg_snapshot))) OR (o.tx >= pg_snapshot_xmax($2::pg_snapshot) AND o.tx < pg_snapshot_xmax($3::pg_snapshot)))
   AND pg_visible_in_snapshot(o.tx, $3::pg_snapshot)
   AND (o.tx, o.seq) > ($4::xid8, $5::bigint) AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
   AND o.seq <> ALL(ARRAY(SELECT unnest(d.seqs) FROM {settle} AS d WHERE d.batch_id = $1 AND d.kind IN ('p', 'f')))
 ORDER BY o.tx, o.seq`)
+	// The same of a batch of an ordered table's window, taken in ord.
+	ls.reclaimOrdSQL = r.Replace(`WITH ` + inflightCTE("$6", "$1") + `
+SELECT {columns}, 0, '', NULL::timestamptz, NULL::timestamptz, o.ord, {blocked} FROM {table} AS o, inflight AS i
+WHERE o.ord > $4 AND o.ord <= $5 AND pg_visible_in_snapshot(o.tx, $3::pg_snapshot) AND NOT pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
+  AND o.seq <> ALL(ARRAY(SELECT unnest(d.seqs) FROM {settle} AS d WHERE d.batch_id = $1 AND d.kind IN ('p', 'f')))
+ORDER BY o.ord`)
 	// The latest gen of each batch from $1 on, with what was settled of it.
 	ls.unfinishedSQL = r.Replace(`SELECT b.batch_id, b.gen, b.n, b.lo::text, b.hi::text, b.after_tx::text, b.after_seq, b.last_tx::text, b.last_seq, b.more,
 	b.lease_until < now()
@@ -54,14 +67,64 @@ ORDER BY o.tx, o.seq`)
 FROM {batch} AS b
 WHERE b.batch_id >= $1 AND NOT EXISTS (SELECT 1 FROM {batch} AS l WHERE l.batch_id = b.batch_id AND l.gen > b.gen)
 ORDER BY b.batch_id LIMIT 20000`)
+	const failedReturning = `RETURNING o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
+	o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at, o.ord, false`
 	ls.failedClaimSQL = r.Replace(`UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
 WHERE o.id IN (SELECT id FROM {failed}
 	WHERE available_at <= now() AND published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL
 	  AND (claimed_until IS NULL OR claimed_until < now())
 	ORDER BY available_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
-	o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at`)
+` + failedReturning)
+	// On an ordered table, the failed messages of a key are taken from its
+	// first on, while each is due, unclaimed and not parked, and while no
+	// unfinished batch (from $4 on) holds the key; the claim lock
+	// serialises these claims with the others, so that two never take
+	// parts of one key. A key's first message is held back by nothing
+	// else: every later message of its key is here too (see divert).
+	ls.failedClaimOrdSQL = r.Replace(`WITH ` + inflightCTE("$4", "0") + `
+UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
+WHERE o.id IN (SELECT c.id FROM (
+	SELECT d.*, bool_and(d.due) OVER (PARTITION BY d.event_key ORDER BY d.ord NULLS FIRST, d.seq) AS run
+	FROM (SELECT f.id, f.ord, f.seq, f.event_key,
+			f.available_at <= now() AND f.parked_at IS NULL AND (f.claimed_until IS NULL OR f.claimed_until < now()) AS due
+		FROM {failed} AS f WHERE f.published_at IS NULL AND f.discarded_at IS NULL) AS d) AS c, inflight AS i
+	WHERE CASE WHEN c.event_key = '' THEN c.due ELSE c.run AND NOT i.every AND NOT c.event_key = ANY(i.keys) END
+	ORDER BY c.ord NULLS FIRST, c.seq LIMIT $1)
+` + failedReturning)
+	ls.divertSQL = r.Replace(`WITH s AS (
+	INSERT INTO {settle} (batch_id, gen, kind, seqs)
+	SELECT $1, $2, 'f', $3::bigint[] WHERE NOT EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen > $2)
+	RETURNING 1)
+INSERT INTO {failed} (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at, attempts, available_at)
+SELECT o.id, o.seq, o.ord, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at, 0, now()
+FROM {table} AS o WHERE o.id = ANY($4::uuid[]) AND EXISTS (SELECT 1 FROM s)
+ON CONFLICT (id) DO NOTHING`)
 	return ls
+}
+
+// logBlocked is a condition on the event o, beside the inflight i: its
+// table is ordered and its key has a message in the failed table that is
+// neither published nor discarded, or an unfinished batch holds it (every
+// key, when a batch claimed while the table was unordered is unfinished).
+// Such a message is set aside behind it (divert).
+func logBlocked(t table, l logTables) string {
+	return `(` + t.orderedNow() + ` AND o.event_key <> '' AND (i.every OR o.event_key = ANY(i.keys) OR EXISTS (SELECT 1 FROM ` + l.failed + ` AS fl
+	WHERE fl.event_key = o.event_key AND fl.published_at IS NULL AND fl.discarded_at IS NULL)))`
+}
+
+// inflightCTE names "u", the unfinished batches from batch low on other
+// than batch except, and "inflight": whether one of them was claimed while
+// the table was unordered (every), and the keys they hold.
+func inflightCTE(low, except string) string {
+	return `u AS (
+	SELECT b.keys FROM {batch} AS b
+	WHERE b.batch_id >= ` + low + ` AND b.batch_id <> ` + except + `
+	  AND NOT EXISTS (SELECT 1 FROM {batch} AS y WHERE y.batch_id = b.batch_id AND y.gen > b.gen)
+	  AND b.n > (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
+	             WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f'))
+), inflight AS (SELECT coalesce(bool_or(u.keys IS NULL), false) AS every,
+	coalesce(array_agg(DISTINCT x.k) FILTER (WHERE x.k IS NOT NULL), '{}') AS keys
+	FROM u LEFT JOIN LATERAL unnest(u.keys) AS x(k) ON true)`
 }
 
 // batchRef is the claim of a message taken in a batch, "b:<batch>:<gen>",
@@ -118,12 +181,16 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 	}
 	err := func() error {
 		if ls.failedDue() {
-			if err := step(func() ([]Message, error) { return ls.claimFailed(ctx, db, n, lease) }); err != nil {
+			if err := step(func() ([]Message, error) {
+				return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.claimFailed(ctx, tx, n, lease) })
+			}); err != nil {
 				return err
 			}
 		}
 		if len(msgs) < n && ls.scanDue() {
-			if err := step(func() ([]Message, error) { return ls.takeOver(ctx, db, n-len(msgs), len(msgs) == 0, lease) }); err != nil {
+			if err := step(func() ([]Message, error) {
+				return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, n-len(msgs), len(msgs) == 0, lease) })
+			}); err != nil {
 				return err
 			}
 		}
@@ -182,35 +249,116 @@ func (ls *logStore) failedSoon() {
 	ls.mu.Unlock()
 }
 
-func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
+func (ls *logStore) claimFailed(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) (msgs []Message, err error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
+	ref := batchRef{token: token.String()}.String()
+	// The table's mode is read under the claim lock, in the transaction:
+	// a store's last reading may be a second old.
+	var ordered bool
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
+		return nil, err
+	}
+	if err := tx.QueryRowContext(ctx, "SELECT "+ls.s.t.orderedNow()).Scan(&ordered); err != nil {
+		return nil, err
+	}
+	var rows *sql.Rows
+	if ordered {
+		ls.mu.Lock()
+		low := ls.low
+		ls.mu.Unlock()
+		rows, err = tx.QueryContext(ctx, ls.failedClaimOrdSQL, n, token.String(), lease.Microseconds(), low)
+	} else {
+		rows, err = tx.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
+	}
 	if err != nil {
 		return nil, err
 	}
-	return scanMessages(rows, batchRef{token: token.String()}.String())
+	msgs, _, err = scanLogMessages(rows, ref)
+	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Or(cmp.Compare(a.ord, b.ord), cmp.Compare(a.Seq, b.Seq)) })
+	return msgs, err
+}
+
+// scanLogMessages reads the columns of scanMessages, then ord and whether
+// the message's key is blocked (see logBlocked), and returns the indices
+// of the blocked ones.
+func scanLogMessages(rows *sql.Rows, token string) (msgs []Message, blocked []int, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			ord sql.NullInt64
+			b   bool
+		)
+		m, err := scanMessage(rows, token, &ord, &b)
+		if err != nil {
+			return nil, nil, err
+		}
+		m.ord = ord.Int64
+		if b {
+			blocked = append(blocked, len(msgs))
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs, blocked, rows.Err()
+}
+
+// divert sets aside the messages at blocked of msgs, which batch ref
+// took: on an ordered table, a message whose key has a message in the
+// failed table waits there behind it (attempts 0, due at once), and its
+// batch records it as failed; the others are returned. A batch taken over
+// meanwhile is left alone (the messages are another relay's).
+func (ls *logStore) divert(ctx context.Context, q execer, ref batchRef, msgs []Message, blocked []int) ([]Message, error) {
+	if len(blocked) == 0 {
+		return msgs, nil
+	}
+	seqs := make([]int64, len(blocked))
+	ids := make([]string, len(blocked))
+	for i, j := range blocked {
+		seqs[i], ids[i] = msgs[j].Seq, msgs[j].ID
+	}
+	if _, err := q.ExecContext(ctx, ls.divertSQL, ref.batch, ref.gen, seqs, ids); err != nil {
+		return nil, fmt.Errorf("setting aside %d message(s) behind a failed message of their key: %w", len(blocked), err)
+	}
+	kept := make([]Message, 0, len(msgs)-len(blocked))
+	for i, j := 0, 0; i < len(msgs); i++ {
+		if j < len(blocked) && blocked[j] == i {
+			j++
+			continue
+		}
+		kept = append(kept, msgs[i])
+	}
+	ls.failedSoon()
+	return kept, nil
+}
+
+// inTx runs f in a transaction, committed when f succeeds; what f took
+// is returned only then.
+func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) ([]Message, error)) ([]Message, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := f(tx)
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	return msgs, nil
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // takeOver claims again the first batch whose lease ran out or that was
 // released, if its messages fit in n (or whatever its size when alone),
 // and moves the store's low-water mark past finished batches.
-func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err == nil {
-			err = tx.Commit()
-		}
-		if err != nil {
-			_ = tx.Rollback()
-			msgs = nil
-		}
-	}()
+func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
 		return nil, err
 	}
@@ -279,11 +427,16 @@ func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool,
 	if _, err := tx.ExecContext(ctx, "LOCK TABLE "+ls.l.settle+" IN SHARE MODE"); err != nil {
 		return nil, err
 	}
-	rs, err := tx.QueryContext(ctx, ls.reclaimSQL, b.id, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq)
+	var rs *sql.Rows
+	if b.lastTx == "0" { // a part of an ordered table's window, in ord
+		rs, err = tx.QueryContext(ctx, ls.reclaimOrdSQL, b.id, b.lo, b.hi, b.afterSeq, b.lastSeq, low)
+	} else {
+		rs, err = tx.QueryContext(ctx, ls.reclaimSQL, b.id, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, low)
+	}
 	if err != nil {
 		return nil, err
 	}
-	msgs, err = scanMessages(rs, ref.String())
+	msgs, blocked, err := scanLogMessages(rs, ref.String())
 	if err != nil {
 		return nil, err
 	}
@@ -291,40 +444,67 @@ func (ls *logStore) takeOver(ctx context.Context, db *sql.DB, n int, alone bool,
 		return nil, nil // settled meanwhile
 	}
 	b.n = len(msgs)
-	return ls.insertBatch(ctx, tx, b, lease, msgs)
+	if msgs, err = ls.insertBatch(ctx, tx, b, lease, msgs); err != nil {
+		return nil, err
+	}
+	return ls.divert(ctx, tx, ref, msgs, blocked)
 }
 
 // claimNew takes the next part of the current window, or opens the next
-// window when the current one is drained (the table's claim function).
+// window when the current one is drained (the table's claim function). On
+// an ordered table it stops before a message whose key an unfinished batch
+// holds, and sets aside the messages of blocked keys (divert).
 func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, ls.claimSQL, n, lease.Microseconds(), ls.s.batchMaxBytes, token.String())
+	ls.mu.Lock()
+	low := ls.low
+	ls.mu.Unlock()
+	rows, err := db.QueryContext(ctx, ls.claimSQL, n, lease.Microseconds(), ls.s.batchMaxBytes, token.String(), low)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var msgs []Message
+	var (
+		msgs    []Message
+		blocked []int
+		batch   int64
+		ordered bool
+	)
 	for rows.Next() {
 		var (
 			m       Message
-			batch   int64
 			tx      string
 			headers []byte
+			ord     sql.NullInt64
+			b       bool
 		)
 		if err := rows.Scan(&batch, &m.ClaimedUntil, &m.ID, &m.Seq, &tx, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
-			&m.ContentType, &headers, &m.CreatedAt); err != nil {
+			&m.ContentType, &headers, &m.CreatedAt, &ord, &b, &ordered); err != nil {
 			return nil, err
 		}
 		if err := m.decodeHeaders(headers); err != nil {
 			return nil, err
 		}
-		m.claimToken = batchRef{batch: batch}.String()
+		m.claimToken, m.ord = batchRef{batch: batch}.String(), ord.Int64
+		if b {
+			blocked = append(blocked, len(msgs))
+		}
 		msgs = append(msgs, m)
 	}
-	return msgs, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if ordered && ls.s.Ordering() != OrderedByKey {
+		// The table was made ordered since the store last read its
+		// mode: the relay publishes this batch in ordered mode.
+		ls.s.tm.set(OrderedByKey)
+	}
+	// What it could not set aside is set aside by whoever takes the
+	// batch over after its lease: nothing of it is published meanwhile.
+	return ls.divert(ctx, db, batchRef{batch: batch}, msgs, blocked)
 }
 
 // insertBatch records the batch of msgs and sets their lease.
@@ -334,9 +514,19 @@ func (ls *logStore) insertBatch(ctx context.Context, tx *sql.Tx, b batchRow, lea
 		return nil, err
 	}
 	var until time.Time
-	err = tx.QueryRowContext(ctx, `INSERT INTO `+ls.l.batch+` (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until)
-VALUES ($1, $2, $3::pg_snapshot, $4::pg_snapshot, $5::xid8, $6, $7::xid8, $8, $9, $10, $11, now() + $12::bigint * interval '1 microsecond')
-RETURNING lease_until`, b.id, b.gen, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, b.n, b.more, token.String(), lease.Microseconds()).Scan(&until)
+	// Its keys, which ordered claims keep out of other batches while it is
+	// unfinished.
+	keys := []string{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if m.Key != "" && !seen[m.Key] {
+			seen[m.Key] = true
+			keys = append(keys, m.Key)
+		}
+	}
+	err = tx.QueryRowContext(ctx, `INSERT INTO `+ls.l.batch+` (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until, keys)
+VALUES ($1, $2, $3::pg_snapshot, $4::pg_snapshot, $5::xid8, $6, $7::xid8, $8, $9, $10, $11, now() + $12::bigint * interval '1 microsecond', $13::text[])
+RETURNING lease_until`, b.id, b.gen, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, b.n, b.more, token.String(), lease.Microseconds(), keys).Scan(&until)
 	if err != nil {
 		return nil, err
 	}

@@ -43,8 +43,9 @@ type Conversion struct {
 // table (a duplicate, never a loss). With dryRun nothing changes and the
 // counts are what would be copied now.
 //
-// Only unordered tables can be converted: the log layout does not keep
-// per-key order yet.
+// Only unordered tables can be converted (an ordered table of the rows
+// layout cannot be converted yet: make it unordered first, or let its
+// messages drain; then make the log table ordered, ConvertOrdering).
 func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -62,7 +63,7 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 		return Conversion{}, err
 	}
 	if s.ordering == OrderedByKey || mode == OrderedByKey {
-		return Conversion{}, fmt.Errorf("%w: %s: the log layout does not keep per-key order yet; keep the rows layout for an ordered table", ErrOrderingUnsafe, s.t.full)
+		return Conversion{}, fmt.Errorf("%w: %s is an ordered table, which cannot be converted to the log layout yet: convert it to unordered first (outbox convert --to unordered), then to log, then to ordered again; messages written between the two conversions keep no order", ErrOrderingUnsafe, s.t.full)
 	}
 	old := s.t.name + "_rows"
 	if i := strings.IndexByte(s.t.full, '.'); i >= 0 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/acemq/outbox/internal/pgerr"
+	"github.com/acemq/outbox/internal/pgschema"
 )
 
 // The operators' view of a table of LayoutLog. Pending messages are those
@@ -17,8 +18,8 @@ import (
 
 // logCounts is what Stats and Gauges read of a log table.
 type logCounts struct {
-	fresh, unsettled, claimed, failing, parked, published, blockedKeys int64
-	oldest                                                             float64
+	fresh, unsettled, claimed, failing, parked, published, blockedKeys, held int64
+	oldest                                                                   float64
 }
 
 func (ls *logStore) r() *strings.Replacer {
@@ -30,14 +31,19 @@ const latestCTE = `l AS (SELECT lo, hi, last_tx, last_seq, more FROM {batch} ORD
 
 // freshCTE is the events no claim has taken yet: those not visible in
 // the cursor's hi (a range of the tx index from hi's xmin), the rest of its
-// window when it has more (a range from its last event), and every event
+// window when it has more (a range from its last event, in tx, seq or, on
+// an ordered table, in ord), and every event
 // before the first claim; each part is limited to $1.
 const freshCTE = `fresh AS (
 	(SELECT o.created_at FROM l, {table} AS o
 	 WHERE o.tx >= pg_snapshot_xmin(l.hi) AND NOT pg_visible_in_snapshot(o.tx, l.hi) LIMIT $1)
 	UNION ALL
 	(SELECT o.created_at FROM l, {table} AS o
-	 WHERE l.more AND (o.tx, o.seq) > (l.last_tx, l.last_seq) AND o.tx < pg_snapshot_xmax(l.hi)
+	 WHERE l.more AND l.last_tx <> '0' AND (o.tx, o.seq) > (l.last_tx, l.last_seq) AND o.tx < pg_snapshot_xmax(l.hi)
+	   AND pg_visible_in_snapshot(o.tx, l.hi) AND NOT pg_visible_in_snapshot(o.tx, l.lo) LIMIT $1)
+	UNION ALL
+	(SELECT o.created_at FROM l, {table} AS o
+	 WHERE l.more AND l.last_tx = '0' AND o.ord > l.last_seq
 	   AND pg_visible_in_snapshot(o.tx, l.hi) AND NOT pg_visible_in_snapshot(o.tx, l.lo) LIMIT $1)
 	UNION ALL
 	(SELECT o.created_at FROM {table} AS o WHERE NOT EXISTS (SELECT 1 FROM l) LIMIT $1))`
@@ -63,9 +69,10 @@ SELECT (SELECT count(*) FROM fresh),
 	(SELECT coalesce(sum(cardinality(seqs)), 0) FROM {settle} WHERE kind = 'p' AND at > now() - interval '1 hour')
 	  + (SELECT count(*) FROM {failed} WHERE published_at > now() - interval '1 hour'),
 	(SELECT count(DISTINCT event_key) FROM f WHERE parked_at IS NOT NULL AND event_key <> ''),
+	(SELECT count(*) FROM f WHERE last_error IS NULL AND parked_at IS NULL),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f WHERE parked_at IS NULL))), 0)`),
-		limit).Scan(&c.fresh, &c.unsettled, &c.claimed, &c.failing, &c.parked, &c.published, &c.blockedKeys, &c.oldest)
+		limit).Scan(&c.fresh, &c.unsettled, &c.claimed, &c.failing, &c.parked, &c.published, &c.blockedKeys, &c.held, &c.oldest)
 	if err != nil {
 		return logCounts{}, fmt.Errorf("outbox: counting messages of %s: %w", ls.s.t.full, err)
 	}
@@ -80,7 +87,7 @@ func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{
-		Pending: c.pending(), Claimed: c.claimed, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys,
+		Pending: c.pending(), Claimed: c.claimed, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys, Held: c.held,
 		OldestPendingAge: time.Duration(c.oldest * float64(time.Second)).Round(time.Millisecond),
 	}, nil
 }
@@ -91,7 +98,7 @@ func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges
 		return Gauges{}, err
 	}
 	return Gauges{
-		Pending: min(c.pending(), limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys,
+		Pending: min(c.pending(), limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys, Held: min(c.held, limit),
 		OldestPendingAge: time.Duration(c.oldest * float64(time.Second)).Round(time.Millisecond),
 	}, nil
 }
@@ -177,7 +184,15 @@ func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Durati
 		}
 		total += n
 	}
-	return total, nil
+	// The failed table's copies of messages published or discarded long
+	// enough ago, once their events are gone with their partitions: on an
+	// ordered table it also carries the backlogs of hot keys.
+	_, err = pgschema.DeleteInBatches(ctx, db, 10_000, nil, ls.r().Replace(`DELETE FROM {failed} WHERE id IN (
+	SELECT f.id FROM {failed} AS f
+	WHERE coalesce(f.published_at, f.discarded_at) < now() - $1::bigint * interval '1 microsecond'
+	  AND NOT EXISTS (SELECT 1 FROM {table} AS o WHERE o.id = f.id)
+	LIMIT $2)`), olderThan.Microseconds())
+	return total, err
 }
 
 // current returns the partition writers are in.

@@ -50,6 +50,7 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 		g.ids = append(g.ids, m.ID)
 		g.seqs = append(g.seqs, m.Seq)
 	}
+	failedRefs := false
 	for _, key := range order {
 		g := groups[key]
 		var (
@@ -57,6 +58,7 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 			err  error
 		)
 		if g.ref.token != "" {
+			failedRefs = true
 			done, err = ls.settleFailed(ctx, db, kind, g.ids, g.ref.token)
 		} else {
 			done, err = ls.settleBatch(ctx, db, kind, g.ref, g.ids, g.seqs)
@@ -70,8 +72,13 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 			}
 		}
 	}
-	if kind == 'r' {
+	switch {
+	case kind == 'r':
 		ls.scanSoon()
+		ls.failedSoon()
+	case failedRefs:
+		// On an ordered table the next messages of their keys may wait
+		// in the failed table behind them (a key with a backlog).
 		ls.failedSoon()
 	}
 	if len(lost) > 0 {
@@ -158,15 +165,15 @@ RETURNING attempts, parked_at IS NOT NULL`, msg.ID, ref.token, reason, delay.Mic
 	RETURNING 1
 )
 INSERT INTO `+ls.l.failed+` AS f (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
-	attempts, last_error, available_at, parked_at)
+	attempts, last_error, available_at, parked_at, ord)
 SELECT $4::uuid, $3, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, 1, $13, now() + $14::bigint * interval '1 microsecond',
-	CASE WHEN $15 <= 1 THEN now() END
+	CASE WHEN $15 <= 1 THEN now() END, NULLIF($16::bigint, 0)
 FROM s
 ON CONFLICT (id) DO UPDATE SET attempts = f.attempts + 1, last_error = excluded.last_error, available_at = excluded.available_at,
 	parked_at = CASE WHEN f.attempts + 1 >= $15 THEN now() END, claim_token = NULL, claimed_until = NULL
 RETURNING attempts, parked_at IS NOT NULL`,
 			ref.batch, ref.gen, msg.Seq, msg.ID, msg.EventType, msg.Key, msg.Exchange, msg.RoutingKey, msg.Payload, msg.ContentType,
-			string(headers), msg.CreatedAt, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+			string(headers), msg.CreatedAt, reason, delay.Microseconds(), s.maxAttempts, msg.ord).Scan(&attempts, &parked)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})

@@ -50,6 +50,10 @@ type Message struct {
 	// claimToken fences the claim: marks apply only while the row still
 	// carries it.
 	claimToken string
+
+	// ord is its place in its key's order on an ordered table of the log
+	// layout (0 elsewhere): kept with it if it fails.
+	ord int64
 }
 
 // sortBySeq orders messages as they were written, by the database's order.

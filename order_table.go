@@ -151,6 +151,12 @@ type tableOrder struct {
 // readOrder reads the table's order from the catalog, in one round trip
 // (relays do it every second), and records its mode.
 func (s *Store) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
+	return s.readOrderOf(ctx, db, "seq")
+}
+
+// readOrderOf is readOrder of the column that numbers a key's rows: seq on
+// a table of the rows layout, ord on one of the log layout.
+func (s *Store) readOrderOf(ctx context.Context, db *sql.DB, column string) (tableOrder, error) {
 	var o tableOrder
 	// The sequence the column owns (OWNED BY): the column's indexes depend
 	// on it too, so it is not just any dependent object.
@@ -158,10 +164,10 @@ func (s *Store) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
 	EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D'),
 	a.attnum IS NOT NULL, s.seqcache
 FROM (SELECT 1) AS one
-LEFT JOIN pg_attribute AS a ON a.attrelid = to_regclass($1) AND a.attname = 'seq' AND NOT a.attisdropped
+LEFT JOIN pg_attribute AS a ON a.attrelid = to_regclass($1) AND a.attname = $3 AND NOT a.attisdropped
 LEFT JOIN (pg_depend AS d JOIN pg_sequence AS s ON s.seqrelid = d.objid)
 	ON d.refobjid = a.attrelid AND d.refobjsubid = a.attnum AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'`,
-		s.t.quoted, s.t.orderTrigger()).Scan(&o.ordered, &o.hasSeq, &o.cache)
+		s.t.quoted, s.t.orderTrigger(), column).Scan(&o.ordered, &o.hasSeq, &o.cache)
 	if err != nil {
 		return o, fmt.Errorf("outbox: reading the order of %s: %w", s.t.full, err)
 	}
@@ -188,8 +194,9 @@ func (s *Store) seqUnsafe(o tableOrder) error {
 }
 
 // TableOrdering reads the table's mode from the database: OrderedByKey for
-// an ordered table (one with the trigger of OrderSchema), Unordered
-// otherwise, a table of the log layout included.
+// an ordered table (one with its order trigger: OrderSchema, or on a table
+// of the log layout `outbox schema --layout log --ordered`), Unordered
+// otherwise.
 func (s *Store) TableOrdering(ctx context.Context) (Ordering, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -219,21 +226,22 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	column := "seq"
 	if ls, err := s.logged(ctx); err != nil {
 		return err
 	} else if ls != nil {
-		s.tm.set(Unordered)
-		if s.ordering == OrderedByKey {
-			return fmt.Errorf("%w: %s has the log layout, which does not keep per-key order yet: use a table of the rows layout for ordered mode", ErrOrderingUnsafe, s.t.full)
-		}
-		return nil
+		column = "ord"
 	}
-	o, err := s.readOrder(ctx, db)
+	o, err := s.readOrderOf(ctx, db, column)
 	switch {
 	case err != nil:
 		return err
-	case o.ordered:
+	case o.ordered && column == "ord" && (!o.hasSeq || !o.cache.Valid || o.cache.Int64 > 1):
+		return fmt.Errorf("%w: %s is an ordered table of the log layout whose ord column is missing, not numbered by its own sequence or numbered by one that caches: bring it up to date with `outbox schema --layout log --apply`", ErrOrderingUnsafe, s.t.full)
+	case o.ordered && column == "seq":
 		return s.seqUnsafe(o)
+	case o.ordered:
+		return nil
 	case s.ordering == OrderedByKey:
 		return fmt.Errorf("%w: %s is not an ordered table, and this store is configured OrderedByKey: make it one with `outbox convert --to ordered` (Store.ConvertOrdering), safe while writers and relays run", ErrOrderingUnsafe, s.t.full)
 	}
@@ -280,10 +288,7 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	if ls, err := s.logged(ctx); err != nil {
 		return OrderingConversion{}, err
 	} else if ls != nil {
-		if to == OrderedByKey {
-			return OrderingConversion{}, fmt.Errorf("%w: %s has the log layout, which does not keep per-key order yet", ErrOrderingUnsafe, s.t.full)
-		}
-		return OrderingConversion{}, nil
+		return s.convertLogOrdering(ctx, db, ls, to, dryRun, lockTimeout)
 	}
 	o, err := s.readOrder(ctx, db)
 	if err != nil {
@@ -317,22 +322,75 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	if dryRun {
 		return c, nil
 	}
+	if c.Took, err = convertIn(ctx, db, lockTimeout, c.DDL); err != nil {
+		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
+	}
+	s.tm.set(to)
+	return c, nil
+}
+
+// convertLogOrdering is ConvertOrdering of a table of the log layout. Under
+// the table's claim lock (no claim runs meanwhile), making it ordered
+// creates its order trigger and records the boundary: what its snapshot
+// sees was written before the trigger and is relayed first, in the order
+// of tx and seq; what it does not see has ord, and windows after it are
+// relayed in the order of ord, one batch at a time. Making it unordered
+// drops the trigger; the messages held behind failed ones are then
+// claimed as they are due.
+func (s *Store) convertLogOrdering(ctx context.Context, db *sql.DB, ls *logStore, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+	o, err := s.readOrderOf(ctx, db, "ord")
+	if err != nil {
+		return OrderingConversion{}, err
+	}
+	from := Unordered
+	if o.ordered {
+		from = OrderedByKey
+	}
+	c := OrderingConversion{From: from, To: to}
+	st, err := ls.stats(ctx, db)
+	if err != nil {
+		return c, fmt.Errorf("outbox: converting %s: %w", s.t.full, err)
+	}
+	c.Pending, c.Held = st.Pending, st.Held
+	if from == to {
+		return c, nil
+	}
+	if to == OrderedByKey && (!o.hasSeq || !o.cache.Valid || o.cache.Int64 > 1) {
+		return c, fmt.Errorf("%w: %s has no ord column numbered by a sequence of its own that does not cache: bring it up to date with `outbox schema --layout log --apply`", ErrOrderingUnsafe, s.t.full)
+	}
+	c.DDL = s.t.logUnorderDDL(ls.l)
+	if to == OrderedByKey {
+		c.DDL = s.t.logOrderDDL(ls.l)
+	}
+	if dryRun {
+		return c, nil
+	}
+	// Under the claim lock: no claim runs meanwhile.
+	lock := "SELECT pg_advisory_xact_lock(hashtextextended('" + strings.ReplaceAll(ls.l.lockKey(), "'", "''") + "', 0))"
+	if c.Took, err = convertIn(ctx, db, lockTimeout, lock, c.DDL); err != nil {
+		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
+	}
+	s.tm.set(to)
+	return c, nil
+}
+
+// convertIn runs stmts in one transaction whose locks wait at most
+// lockTimeout, and returns how long it took (how long writers waited).
+func convertIn(ctx context.Context, db *sql.DB, lockTimeout time.Duration, stmts ...string) (time.Duration, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return c, err
+		return 0, err
 	}
 	defer func() { _ = tx.Rollback() }()
 	started := time.Now()
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(lockTimeout.Milliseconds(), 1))); err != nil {
-		return c, err
-	}
-	if _, err := tx.ExecContext(ctx, c.DDL); err != nil {
-		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
+	stmts = append([]string{fmt.Sprintf("SET LOCAL lock_timeout = %d", max(lockTimeout.Milliseconds(), 1))}, stmts...)
+	for _, stmt := range stmts {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return 0, err
+		}
 	}
 	if err := tx.Commit(); err != nil {
-		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
+		return 0, err
 	}
-	c.Took = time.Since(started)
-	s.tm.set(to)
-	return c, nil
+	return time.Since(started), nil
 }

@@ -47,7 +47,7 @@ func setupFunc(t testing.TB, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bi
 	db := dbtest.DB(t)
 	store, err := outbox.NewStore(db, cfg)
 	require.NoError(t, err)
-	if cfg.Ordering == outbox.Unordered && dbtest.LogLayout() {
+	if dbtest.LogLayout() {
 		require.NoError(t, store.CreateLogSchemaIfAbsent(context.Background()))
 	} else {
 		require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))

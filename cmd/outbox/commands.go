@@ -258,13 +258,10 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("schema", x, outbox.TableDefault)
 	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
 	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
-	layout := c.fs.String("layout", "rows", "rows: one row per message, updated as it is claimed and published (the only layout that keeps per-key order so far); log: events only ever inserted, relaying leaves no dead tuples, history truncated by partition (see README)")
-	orderedTable := c.fs.Bool("ordered", false, "make it an ordered table: every writer of a key takes its turn, relays publish each key's messages in commit order (rows layout; see README)")
+	layout := c.fs.String("layout", "rows", "rows: one row per message, updated as it is claimed and published; log: events only ever inserted, relaying leaves no dead tuples, history truncated by partition (see README)")
+	orderedTable := c.fs.Bool("ordered", false, "make it an ordered table: every writer of a key takes its turn, relays publish each key's messages in commit order (see README)")
 	if err := c.parse(args); err != nil {
 		return err
-	}
-	if *orderedTable && *layout != "rows" {
-		return c.usageError("--ordered needs --layout rows: the log layout does not keep per-key order yet")
 	}
 	var (
 		ddl  string
@@ -290,7 +287,11 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 		}
 	}
 	if *orderedTable {
-		more, err := outbox.OrderSchema(c.table)
+		order := outbox.OrderSchema
+		if want == outbox.LayoutLog {
+			order = outbox.LogOrderSchema
+		}
+		more, err := order(c.table)
 		if err != nil {
 			return err
 		}
@@ -388,6 +389,12 @@ func (c *common) checkLayout(ctx context.Context, want outbox.Layout) error {
 	}
 	have, err := store.Layout(ctx)
 	if err != nil {
+		// A log table of an earlier version: its DDL, idempotent,
+		// brings it up to date.
+		var logMeta bool
+		if want == outbox.LayoutLog && db.QueryRowContext(ctx, "SELECT to_regclass($1 || '_log') IS NOT NULL", c.table).Scan(&logMeta) == nil && logMeta {
+			return nil
+		}
 		return err
 	}
 	if have != want {

@@ -123,9 +123,10 @@ func TestConvertOrderingCommand(t *testing.T) {
 	code, out, _ := outboxCmd(t, nil, "schema", "--table", table, "--ordered")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `CREATE TRIGGER "`+table+`_order" BEFORE INSERT`)
-	code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--ordered", "--layout", "log")
-	require.Equal(t, 2, code)
-	require.Contains(t, errOut, "--ordered needs --layout rows")
+	code, out, _ = outboxCmd(t, nil, "schema", "--table", table, "--ordered", "--layout", "log")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `CREATE TRIGGER "`+table+`_order" BEFORE INSERT`)
+	require.Contains(t, out, "ordered_from = pg_current_snapshot()")
 
 	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered", "--dry-run")
 	require.Equal(t, 0, code, out)
@@ -144,9 +145,9 @@ func TestConvertOrderingCommand(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "is an ordered table already")
 
-	code, _, errOut = outboxCmd(t, nil, "convert", "--table", table, "--to", "log")
+	code, _, errOut := outboxCmd(t, nil, "convert", "--table", table, "--to", "log")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "does not keep per-key order yet")
+	require.Contains(t, errOut, "cannot be converted to the log layout yet")
 
 	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "unordered")
 	require.Equal(t, 0, code, out)
@@ -154,4 +155,14 @@ func TestConvertOrderingCommand(t *testing.T) {
 	mode, err = store.TableOrdering(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Unordered, mode)
+
+	// A table of the log layout is made ordered the same way.
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "log")
+	require.Equal(t, 0, code, out)
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "made "+table+" an ordered table")
+	logStore, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t), Ordering: outbox.OrderedByKey})
+	require.NoError(t, err)
+	require.NoError(t, logStore.CheckOrdering(ctx))
 }

@@ -96,9 +96,6 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	if o.layout != "rows" && o.layout != "log" {
 		return c.usageError("--layout must be rows or log (got %q)", o.layout)
 	}
-	if o.layout == "log" && o.ordered {
-		return c.usageError("--layout log does not keep per-key order yet: leave out --ordered")
-	}
 	if o.lease < time.Second {
 		return c.usageError("--lease must be at least 1s")
 	}

@@ -292,11 +292,17 @@ func EventKeys(tb testing.TB, db *sql.DB, table string) []string {
 }
 
 // IDsByKey returns the ids of every row of an outbox table with a key, by
-// key, in the order of seq: the order ordered mode keeps.
+// key, in the order ordered mode keeps: seq on a table of the rows layout;
+// on one of the log layout ord, after the rows written before it was made
+// ordered (no ord), in the order of seq.
 func IDsByKey(tb testing.TB, db *sql.DB, table string) map[string][]string {
 	tb.Helper()
 	out := map[string][]string{}
-	pairs(tb, db, table, `SELECT event_key, id FROM `+table+` WHERE event_key <> '' ORDER BY seq`, func(key, id string) {
+	order := "seq"
+	if Count(tb, db, `SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'ord' AND NOT attisdropped`, table) == 1 {
+		order = "ord NULLS FIRST, seq"
+	}
+	pairs(tb, db, table, `SELECT event_key, id FROM `+table+` WHERE event_key <> '' ORDER BY `+order, func(key, id string) {
 		out[key] = append(out[key], id)
 	})
 	return out

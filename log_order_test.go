@@ -1,0 +1,231 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// Ordered tables of the log layout (issue 21 on the storage of issue 20).
+
+// payloads returns the payloads of msgs.
+func payloads(msgs []outbox.Message) []string {
+	out := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, string(m.Payload))
+	}
+	return out
+}
+
+// A writer of a key whose transaction got its id before another writer of
+// the key, and writes after that one committed: the order of tx, seq puts
+// it first, its commit (and ord) second. An ordered log table relays it
+// second, even when a batch of one splits the window between them; and
+// while a batch holds a key, no other batch takes a message of that key:
+// the next one stops before it.
+func TestLogOrderedClaimFollowsCommitOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupLog(t, ordered())
+	mode, err := b.store.TableOrdering(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.OrderedByKey, mode)
+	require.NoError(t, b.store.CheckOrdering(ctx))
+
+	early, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer early.Rollback() //nolint:errcheck
+	var xid string
+	require.NoError(t, early.QueryRowContext(ctx, "SELECT pg_current_xact_id()::text").Scan(&xid))
+	b.addCommitted(t, keyed("a", 1), keyed("b", 1))
+	require.NoError(t, b.store.Add(ctx, early, keyed("a", 2)))
+	require.NoError(t, early.Commit())
+	b.addCommitted(t, keyed("a", 3))
+	require.EqualValues(t, 1, dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`" WHERE tx::text = $1`, xid),
+		"a2 has the smaller transaction id")
+
+	a1, got := claimed(t, b.store, 1)
+	require.Equal(t, []string{p("a", 1)}, got, "a batch of one splits the window")
+	b1, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("b", 1)}, got, "the next batch stops before a2: a1's batch is unfinished")
+	_, got = claimed(t, b.store, 10)
+	require.Empty(t, got)
+	require.NoError(t, b.store.MarkPublished(ctx, a1...))
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 2), p("a", 3)}, got, "in commit order, not in the order of tx")
+	require.NoError(t, b.store.MarkPublished(ctx, b1...))
+}
+
+// A failed message holds back the later messages of its key (they wait in
+// the failed table, behind it) and nothing else; once it is published they
+// follow, in order. A parked one blocks its key until it is discarded.
+func TestLogOrderedFailureHoldsBackItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := ordered()
+	cfg.MaxAttempts = 2
+	b := setupLog(t, cfg)
+	b.addCommitted(t, keyed("a", 1), keyed("b", 1))
+	first, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1), p("b", 1)}, got)
+	require.NoError(t, b.store.MarkFailed(ctx, first[0], "no route"))
+	require.NoError(t, b.store.MarkPublished(ctx, first[1]))
+
+	b.addCommitted(t, keyed("a", 2), keyed("b", 2))
+	b.addCommitted(t, keyed("a", 3))
+	b2, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("b", 2)}, got, "a2 and a3 are set aside behind a1")
+	st, err := b.store.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.Held)
+	require.EqualValues(t, 4, st.Pending, "a1 backing off, a2 and a3 held, b2 claimed")
+	g, err := b.store.Gauges(ctx, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, st.Held, g.Held)
+	require.NoError(t, b.store.MarkPublished(ctx, b2...))
+
+	// Due again, a1 comes first with a2 and a3 behind it, in order.
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`_failed" SET available_at = now()`)
+	require.NoError(t, err)
+	as, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3)}, got)
+	require.Equal(t, 1, as[0].Attempts)
+
+	// a1 fails again and is parked; a2 and a3, not sent, are released.
+	require.NoError(t, b.store.MarkFailed(ctx, as[0], "no route"))
+	require.NoError(t, b.store.Release(ctx, as[1:]...))
+	b.addCommitted(t, keyed("a", 4), keyed("c", 1))
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`_failed" SET available_at = now() WHERE parked_at IS NULL`)
+	require.NoError(t, err)
+	c1, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("c", 1)}, got, "key a is blocked by its parked message")
+	require.NoError(t, b.store.MarkPublished(ctx, c1...))
+	st, err = b.store.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.BlockedKeys)
+	require.EqualValues(t, 3, st.Held)
+
+	n, err := b.store.Discard(ctx, as[0].ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 2), p("a", 3), p("a", 4)}, got)
+}
+
+// Made ordered while a window is half claimed, and unordered again: what
+// was written before is relayed in the order of tx and seq, what was
+// written after in commit order per key; nothing is lost or taken twice.
+func TestLogConvertOrdering(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, keyed("a", 1), keyed("a", 2), keyed("a", 3))
+	a1, got := claimed(t, b.store, 1)
+	require.Equal(t, []string{p("a", 1)}, got)
+
+	dry, err := b.store.ConvertOrdering(ctx, outbox.OrderedByKey, true, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Unordered, dry.From)
+	require.EqualValues(t, 3, dry.Pending)
+	require.Contains(t, dry.DDL, "CREATE TRIGGER")
+	mode, err := b.store.TableOrdering(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Unordered, mode, "a dry run changes nothing")
+
+	// While a batch is unfinished, an ordered table hands out nothing.
+	c, err := b.store.ConvertOrdering(ctx, outbox.OrderedByKey, false, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, outbox.OrderedByKey, c.To)
+	require.NoError(t, b.store.CheckOrdering(ctx))
+	_, got = claimed(t, b.store, 10)
+	require.Empty(t, got)
+	require.NoError(t, b.store.MarkPublished(ctx, a1...))
+
+	early, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer early.Rollback() //nolint:errcheck
+	_, err = early.ExecContext(ctx, "SELECT pg_current_xact_id()")
+	require.NoError(t, err)
+	b.addCommitted(t, keyed("b", 1))
+	require.NoError(t, b.store.Add(ctx, early, keyed("b", 2)))
+	require.NoError(t, early.Commit())
+	b.addCommitted(t, keyed("b", 3))
+
+	var all []string
+	for {
+		msgs, err := b.store.Claim(ctx, 2, time.Minute)
+		require.NoError(t, err)
+		if len(msgs) == 0 {
+			break
+		}
+		require.NoError(t, b.store.MarkPublished(ctx, msgs...))
+		all = append(all, payloads(msgs)...)
+	}
+	require.Equal(t, []string{p("a", 2), p("a", 3), p("b", 1), p("b", 2), p("b", 3)}, all,
+		"the rest of the half-claimed window first, then the rows written since, by commit")
+
+	// Back to unordered: a message held behind a failed one comes back.
+	b.addCommitted(t, keyed("c", 1), keyed("c", 2))
+	msgs, got := claimed(t, b.store, 1)
+	require.Equal(t, []string{p("c", 1)}, got)
+	require.NoError(t, b.store.MarkFailed(ctx, msgs[0], "no route"))
+	_, got = claimed(t, b.store, 10)
+	require.Empty(t, got, "c2 is held behind c1")
+	c, err = b.store.ConvertOrdering(ctx, outbox.Unordered, false, time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, c.Held)
+	_, got = claimed(t, b.store, 10)
+	require.Equal(t, []string{p("c", 2)}, got, "held, it is due at once in an unordered table")
+}
+
+// The failed table's copies (failed messages, and those held behind them)
+// go away with their events' partitions once published: on an ordered
+// table it carries the backlogs of hot keys too.
+func TestLogOrderedFailedCopiesPurged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupLogSized(t, ordered(), 10, 4, 4)
+	ddl, err := outbox.LogOrderSchema(b.table)
+	require.NoError(t, err)
+	_, err = b.db.ExecContext(ctx, ddl)
+	require.NoError(t, err)
+	failed := `SELECT count(*) FROM "` + b.table + `_failed"`
+
+	b.addCommitted(t, keyed("a", 1), keyed("a", 2), keyed("a", 3), keyed("b", 1))
+	msgs, got := claimed(t, b.store, 10)
+	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3), p("b", 1)}, got)
+	require.NoError(t, b.store.MarkFailed(ctx, msgs[0], "no route"))
+	require.NoError(t, b.store.Release(ctx, msgs[1:3]...))
+	require.NoError(t, b.store.MarkPublished(ctx, msgs[3]))
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`_failed" SET available_at = now()`)
+	require.NoError(t, err)
+	var order []string
+	for {
+		msgs, err := b.store.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		if len(msgs) == 0 {
+			if dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_failed" WHERE published_at IS NULL`) == 0 {
+				break
+			}
+			continue // the released ones, set aside, wait for a1
+		}
+		require.NoError(t, b.store.MarkPublished(ctx, msgs...))
+		order = append(order, payloads(msgs)...)
+	}
+	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3)}, order)
+	require.EqualValues(t, 3, dbtest.Count(t, b.db, failed), "a1, and a2 and a3 set aside behind it")
+
+	for i := 0; i < 20; i++ { // writers move on to partition 2: 0 is neither theirs nor next
+		b.addCommitted(t, outbox.Event{Type: "e", Payload: []byte("x")})
+	}
+	require.Equal(t, 20, relayAll(t, b.store))
+	n, err := b.store.PurgePublished(ctx, 0)
+	require.NoError(t, err)
+	require.Positive(t, n)
+	require.Zero(t, dbtest.Count(t, b.db, failed), "their events are gone, and so are the copies")
+}
