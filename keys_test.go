@@ -21,9 +21,13 @@ import (
 // writers beside it all succeed (a lock per key ran out of shared memory
 // at 15,000).
 func TestOrderedManyKeysBoundedLocks(t *testing.T) {
+	t.Run("rows", func(t *testing.T) { testManyKeysBoundedLocks(t, setup(t, ordered())) })
+	t.Run("log", func(t *testing.T) { testManyKeysBoundedLocks(t, setupLog(t, ordered())) })
+}
+
+func testManyKeysBoundedLocks(t *testing.T, b *testBundle) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	b := setup(t, ordered())
 
 	big, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)

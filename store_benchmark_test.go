@@ -44,6 +44,13 @@ func BenchmarkAdd(b *testing.B) {
 	logPool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: logged.Table()})
 	require.NoError(b, err)
 	require.NoError(b, logPool.CreateLogSchemaIfAbsent(ctx))
+	// An ordered table of the log layout, written by an unordered store:
+	// the trigger takes the key's turn and numbers the row (ord).
+	logOrdered, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: dbtest.Table(b)})
+	require.NoError(b, err)
+	logOrderedPool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: logOrdered.Table(), Ordering: outbox.OrderedByKey})
+	require.NoError(b, err)
+	require.NoError(b, logOrderedPool.CreateLogSchemaIfAbsent(ctx))
 	orders := dbtest.Table(b)
 	_, err = db.ExecContext(ctx, `CREATE TABLE "`+orders+`" (id bigserial PRIMARY KEY, total bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(b, err)
@@ -51,7 +58,8 @@ func BenchmarkAdd(b *testing.B) {
 	for _, c := range []struct {
 		n     int
 		store *outbox.Store
-	}{{0, store}, {1, store}, {1, logged}, {10, store}, {10, logged}, {1, ordered}, {10, ordered}, {1, onOrdered}, {10, onOrdered}} {
+	}{{0, store}, {1, store}, {1, logged}, {10, store}, {10, logged}, {1, ordered}, {10, ordered}, {1, onOrdered}, {10, onOrdered},
+		{1, logOrdered}, {10, logOrdered}} {
 		name := fmt.Sprintf("events=%d", c.n)
 		switch {
 		case c.n == 0:
@@ -62,6 +70,8 @@ func BenchmarkAdd(b *testing.B) {
 			name += "/ordered_table_unordered_store"
 		case c.store == logged:
 			name += "/log"
+		case c.store == logOrdered:
+			name += "/log_ordered_table"
 		}
 		evts, store := events(c.n), c.store
 		b.Run(name, func(b *testing.B) {

@@ -115,6 +115,26 @@ func (b *testBundle) pending(t testing.TB) int64 {
 	return n
 }
 
+// awaitDrained waits until nothing is pending, for as long as the count
+// keeps going down: it fails only when it stays put for stall. A backlog
+// published one broker round trip at a time (a hot key in ordered mode)
+// takes as long as the machine makes it, and a fixed deadline would time
+// it, not the relay.
+func (b *testBundle) awaitDrained(t testing.TB, stall time.Duration) {
+	t.Helper()
+	last, since := b.pending(t), time.Now()
+	for last > 0 {
+		time.Sleep(10 * time.Millisecond)
+		n := b.pending(t)
+		if n < last {
+			last, since = n, time.Now()
+		}
+		if time.Since(since) > stall {
+			t.Fatalf("%d message(s) pending, none published for %s", last, stall)
+		}
+	}
+}
+
 // requireDelivered fails the test unless every wanted id was delivered.
 // (Not require.Contains in a loop: on a map it compares every key, which
 // took a minute for 10,000 ids under the race detector.)
