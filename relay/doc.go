@@ -92,9 +92,10 @@
 // mode no order is promised. In ordered mode the store never hands out a
 // message of a key while an earlier message of that key is claimed
 // (outbox.Store's claim skips a key whose first unpublished message is
-// claimed, backing off or parked), so while their leases hold two batches
-// never hold messages of one key, and what one batch's settle does cannot
-// change what another may publish. (A batch that outlives its lease shares
+// claimed, backing off or parked; on a table of the log layout it stops
+// before such a message, or sets it aside behind it), so while their
+// leases hold two batches never hold messages of one key, and what one
+// batch's settle does cannot change what another may publish. (A batch that outlives its lease shares
 // its messages with the claimer that took them over: each publishes a
 // key's messages one confirm after another, and the marks are fenced by
 // the claim.)
