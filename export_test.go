@@ -43,3 +43,12 @@ func LogSchemaSized(name string, chunk, parts, batchChunk int64) (string, error)
 	l.chunk, l.parts, l.batchChunk = chunk, parts, batchChunk
 	return t.logSQL(l), nil
 }
+
+// SetLogLow sets the low-water mark of s's log table, below which s takes
+// every batch to be finished, as a store that saw batches up to low before
+// the table was emptied has it.
+func SetLogLow(s *Store, low int64) {
+	s.log.mu.Lock()
+	s.log.low = low
+	s.log.mu.Unlock()
+}

@@ -300,6 +300,9 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('{lockkey}', 0));
     ordered := {ordered};
+    IF low > (SELECT coalesce(max(b.batch_id), 0) FROM {batch} AS b) THEN
+        low := 0; -- the batch table was emptied, and its ids begun again
+    END IF;
     IF ordered THEN
         SELECT coalesce(bool_or(b.keys IS NULL), false), coalesce(array_agg(DISTINCT x.k) FILTER (WHERE x.k IS NOT NULL), '{}')
         INTO every, inflight

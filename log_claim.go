@@ -112,13 +112,20 @@ func logBlocked(t table, l logTables) string {
 	WHERE fl.event_key = o.event_key AND fl.published_at IS NULL AND fl.discarded_at IS NULL)))`
 }
 
+// lowOrZero is the low-water mark low, or 0 when the batch ids are all
+// below it: the batch table was emptied (TRUNCATE, as outbox bench does
+// between runs) and its ids begun again.
+func lowOrZero(low string) string {
+	return `(CASE WHEN ` + low + `::bigint > (SELECT coalesce(max(batch_id), 0) FROM {batch}) THEN 0 ELSE ` + low + `::bigint END)`
+}
+
 // inflightCTE names "u", the unfinished batches from batch low on other
 // than batch except, and "inflight": whether one of them was claimed while
 // the table was unordered (every), and the keys they hold.
 func inflightCTE(low, except string) string {
 	return `u AS (
 	SELECT b.keys FROM {batch} AS b
-	WHERE b.batch_id >= ` + low + ` AND b.batch_id <> ` + except + `
+	WHERE b.batch_id >= ` + lowOrZero(low) + ` AND b.batch_id <> ` + except + `
 	  AND NOT EXISTS (SELECT 1 FROM {batch} AS y WHERE y.batch_id = b.batch_id AND y.gen > b.gen)
 	  AND b.n > (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
 	             WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f'))
@@ -402,6 +409,20 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
+	}
+	if scanned == 0 && low > 0 {
+		// Nothing from low on: if the batch ids begun again below it (the
+		// table was emptied), start again from 0.
+		var latest int64
+		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(batch_id), 0) FROM `+ls.l.batch).Scan(&latest); err != nil {
+			return nil, err
+		}
+		if latest < low {
+			ls.mu.Lock()
+			ls.low = 0
+			ls.mu.Unlock()
+			return nil, nil // the next scan, in 250ms, looks from 0
+		}
 	}
 	ls.mu.Lock()
 	switch {
