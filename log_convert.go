@@ -16,7 +16,8 @@ type Conversion struct {
 	Pending int64
 	// Failed counts the unpublished messages with failed attempts (parked
 	// or backing off) that go into its failed table, with their attempts,
-	// last errors and parking.
+	// last errors and parking, and on an ordered table those held behind
+	// them.
 	Failed int64
 	// History counts the published and discarded messages left behind in
 	// the old table, renamed to OldTable.
@@ -43,9 +44,9 @@ type Conversion struct {
 // table (a duplicate, never a loss). With dryRun nothing changes and the
 // counts are what would be copied now.
 //
-// Only unordered tables can be converted (an ordered table of the rows
-// layout cannot be converted yet: make it unordered first, or let its
-// messages drain; then make the log table ordered, ConvertOrdering).
+// An ordered table becomes an ordered table of the log layout: the
+// messages waiting are numbered in their order, and a failed message, with
+// those held behind it, goes to the failed table, where they keep it.
 func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -62,9 +63,7 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	if err != nil {
 		return Conversion{}, err
 	}
-	if s.ordering == OrderedByKey || mode == OrderedByKey {
-		return Conversion{}, fmt.Errorf("%w: %s is an ordered table, which cannot be converted to the log layout yet: convert it to unordered first (outbox convert --to unordered), then to log, then to ordered again; messages written between the two conversions keep no order", ErrOrderingUnsafe, s.t.full)
-	}
+	ordered := mode == OrderedByKey
 	old := s.t.name + "_rows"
 	if i := strings.IndexByte(s.t.full, '.'); i >= 0 {
 		old = s.t.full[:i+1] + old
@@ -73,7 +72,16 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	if err != nil {
 		return Conversion{}, fmt.Errorf("outbox: converting %s: the old table's name: %w", s.t.full, err)
 	}
-	c := Conversion{OldTable: old, DDL: s.t.logSQL(s.t.logTables())}
+	lt := s.t.logTables()
+	c := Conversion{OldTable: old, DDL: s.t.logSQL(lt)}
+	// An ordered table becomes an ordered log table: its trigger numbers
+	// the copied rows in the order of seq, and the failed ones and those
+	// held behind them go to the failed table, in that order too.
+	waiting, failing := `attempts = 0 AND parked_at IS NULL`, `attempts > 0 OR parked_at IS NOT NULL`
+	if ordered {
+		c.DDL += s.t.logOrderDDL(lt)
+		waiting, failing = waiting+` AND NOT held`, failing+` OR held`
+	}
 	notify, err := s.HasNotifyTrigger(ctx)
 	if err != nil {
 		return c, err
@@ -92,8 +100,8 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 			return c, fmt.Errorf("outbox: converting %s: taking the table's lock: %w", s.t.full, err)
 		}
 	}
-	err = tx.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE published_at IS NULL AND attempts = 0 AND parked_at IS NULL),
-	count(*) FILTER (WHERE published_at IS NULL AND (attempts > 0 OR parked_at IS NOT NULL)),
+	err = tx.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE published_at IS NULL AND `+waiting+`),
+	count(*) FILTER (WHERE published_at IS NULL AND (`+failing+`)),
 	count(*) FILTER (WHERE published_at IS NOT NULL)
 FROM `+s.t.quoted).Scan(&c.Pending, &c.Failed, &c.History)
 	if err != nil {
@@ -109,7 +117,10 @@ FROM `+s.t.quoted).Scan(&c.Pending, &c.Failed, &c.History)
 	if exists {
 		return c, fmt.Errorf("outbox: converting %s: %s exists already (an earlier conversion's history?): drop or rename it first", s.t.full, old)
 	}
-	lt := s.t.logTables()
+	ord, available := `NULL::bigint`, `available_at`
+	if ordered { // held ones are due as soon as they are first of their key
+		ord, available = `nextval('`+strings.ReplaceAll(lt.ordSeq, "'", "''")+`')`, `CASE WHEN held THEN now() ELSE available_at END`
+	}
 	steps := []string{
 		"ALTER TABLE " + s.t.quoted + " RENAME TO " + `"` + oldT.name + `"`,
 		// The sequence goes on numbering the events of the new table.
@@ -117,12 +128,19 @@ FROM `+s.t.quoted).Scan(&c.Pending, &c.Failed, &c.History)
 		c.DDL,
 		`INSERT INTO ` + s.t.quoted + ` (id, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at)
 SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at FROM ` + oldT.quoted + `
-WHERE published_at IS NULL AND attempts = 0 AND parked_at IS NULL ORDER BY seq NULLS FIRST, id`,
-		`INSERT INTO ` + lt.failed + ` (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
+WHERE published_at IS NULL AND ` + waiting + ` ORDER BY seq NULLS FIRST, id`,
+		`INSERT INTO ` + lt.failed + ` (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
 	attempts, last_error, available_at, parked_at)
-SELECT id, nextval('` + strings.ReplaceAll(lt.seq, "'", "''") + `'), event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
-	attempts, last_error, available_at, parked_at FROM ` + oldT.quoted + `
-WHERE published_at IS NULL AND (attempts > 0 OR parked_at IS NOT NULL)`,
+SELECT id, nextval('` + strings.ReplaceAll(lt.seq, "'", "''") + `'), ` + ord + `, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
+	attempts, last_error, ` + available + `, parked_at FROM (SELECT * FROM ` + oldT.quoted + `
+	WHERE published_at IS NULL AND (` + failing + `) ORDER BY seq NULLS FIRST, id) AS o`,
+	}
+	if ordered {
+		// The old table keeps its history, not its writers: its order
+		// trigger's function is the new table's now.
+		if _, err := tx.ExecContext(ctx, "DROP TRIGGER IF EXISTS "+`"`+s.t.orderTrigger()+`"`+" ON "+s.t.quoted); err != nil {
+			return c, err
+		}
 	}
 	if notify {
 		if _, err := tx.ExecContext(ctx, "DROP TRIGGER IF EXISTS "+`"`+s.t.trigger()+`"`+" ON "+oldT.quoted); err != nil {

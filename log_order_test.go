@@ -256,3 +256,49 @@ func TestLogOrderedAfterTruncate(t *testing.T) {
 	}
 	require.Equal(t, []string{p("a", 2), p("a", 3)}, rest)
 }
+
+// An ordered table of the rows layout becomes an ordered table of the log
+// layout: a key's failed message and those held behind it keep their
+// order in the failed table, the other waiting messages theirs in the new
+// table, and messages written after the conversion follow them.
+func TestConvertOrderedTableToLog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ordered())
+	b.addCommitted(t, keyed("a", 1), keyed("a", 2), keyed("b", 1))
+	b.addCommitted(t, keyed("a", 3), keyed("b", 2))
+	msgs, got := claimed(t, b.store, 1)
+	require.Equal(t, []string{p("a", 1)}, got)
+	require.NoError(t, b.store.MarkFailed(ctx, msgs[0], "no route"))
+	_, _, err := b.store.Reconcile(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, b.count(t, "held"), "a2 and a3 are held behind a1")
+
+	c, err := b.store.ConvertToLog(ctx, false, time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, c.Pending, "b1 and b2")
+	require.EqualValues(t, 3, c.Failed, "a1, and a2 and a3 held behind it")
+	mode, err := b.store.TableOrdering(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.OrderedByKey, mode)
+	require.NoError(t, b.store.CheckOrdering(ctx))
+	b.addCommitted(t, keyed("a", 4), keyed("b", 3))
+
+	// a1 is backing off: make it due.
+	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`_failed" SET available_at = now()`)
+	require.NoError(t, err)
+	var order []string
+	require.Eventually(t, func() bool {
+		msgs, err := b.store.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, b.store.MarkPublished(ctx, msgs...))
+		order = append(order, payloads(msgs)...)
+		return len(order) == 7
+	}, 10*time.Second, 10*time.Millisecond)
+	byKey := map[string][]string{}
+	for _, o := range order {
+		byKey[o[8:9]] = append(byKey[o[8:9]], o)
+	}
+	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3), p("a", 4)}, byKey["a"])
+	require.Equal(t, []string{p("b", 1), p("b", 2), p("b", 3)}, byKey["b"])
+}

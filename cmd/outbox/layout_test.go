@@ -145,10 +145,6 @@ func TestConvertOrderingCommand(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "is an ordered table already")
 
-	code, _, errOut := outboxCmd(t, nil, "convert", "--table", table, "--to", "log")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "cannot be converted to the log layout yet")
-
 	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "unordered")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "made "+table+" an unordered table")
@@ -156,13 +152,20 @@ func TestConvertOrderingCommand(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.Unordered, mode)
 
-	// A table of the log layout is made ordered the same way.
+	// An ordered table of the rows layout becomes an ordered one of the log
+	// layout, and a log table is made unordered and ordered the same way.
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered")
+	require.Equal(t, 0, code, out)
 	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "log")
 	require.Equal(t, 0, code, out)
+	logStore, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t), Ordering: outbox.OrderedByKey})
+	require.NoError(t, err)
+	require.NoError(t, logStore.CheckOrdering(ctx), "still ordered")
+	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "unordered")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "made "+table+" an unordered table")
 	code, out, _ = outboxCmd(t, nil, "convert", "--table", table, "--to", "ordered")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "made "+table+" an ordered table")
-	logStore, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t), Ordering: outbox.OrderedByKey})
-	require.NoError(t, err)
 	require.NoError(t, logStore.CheckOrdering(ctx))
 }
