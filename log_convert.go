@@ -78,8 +78,10 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	// the copied rows in the order of seq, and the failed ones and those
 	// held behind them go to the failed table, in that order too.
 	waiting, failing := `attempts = 0 AND parked_at IS NULL`, `attempts > 0 OR parked_at IS NOT NULL`
+	tableDDL, orderDDL := c.DDL, ""
 	if ordered {
-		c.DDL += s.t.logOrderDDL(lt)
+		orderDDL = s.t.logOrderDDL(lt)
+		c.DDL += orderDDL
 		waiting, failing = waiting+` AND NOT held`, failing+` OR held`
 	}
 	notify, err := s.HasNotifyTrigger(ctx)
@@ -125,15 +127,22 @@ FROM `+s.t.quoted).Scan(&c.Pending, &c.Failed, &c.History)
 		"ALTER TABLE " + s.t.quoted + " RENAME TO " + `"` + oldT.name + `"`,
 		// The sequence goes on numbering the events of the new table.
 		"ALTER TABLE " + oldT.quoted + " ALTER COLUMN seq DROP DEFAULT",
-		c.DDL,
-		`INSERT INTO ` + s.t.quoted + ` (id, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at)
-SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at FROM ` + oldT.quoted + `
-WHERE published_at IS NULL AND ` + waiting + ` ORDER BY seq NULLS FIRST, id`,
+		tableDDL,
+		// A key's failed message and those held behind it first: a
+		// message of the key copied to the events table is set aside
+		// behind them when it is claimed, and must come after them in ord.
 		`INSERT INTO ` + lt.failed + ` (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
 	attempts, last_error, available_at, parked_at)
 SELECT id, nextval('` + strings.ReplaceAll(lt.seq, "'", "''") + `'), ` + ord + `, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
 	attempts, last_error, ` + available + `, parked_at FROM (SELECT * FROM ` + oldT.quoted + `
 	WHERE published_at IS NULL AND (` + failing + `) ORDER BY seq NULLS FIRST, id) AS o`,
+		// Numbered here, not by the order trigger, which is created after
+		// the copy: it would take the keys' locks, which writers waiting
+		// for this transaction hold (a deadlock).
+		`INSERT INTO ` + s.t.quoted + ` (id, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at, ord)
+SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at, ` + ord + ` FROM (SELECT * FROM ` + oldT.quoted + `
+	WHERE published_at IS NULL AND ` + waiting + ` ORDER BY seq NULLS FIRST, id) AS o`,
+		orderDDL,
 	}
 	if ordered {
 		// The old table keeps its history, not its writers: its order
@@ -153,6 +162,9 @@ SELECT id, nextval('` + strings.ReplaceAll(lt.seq, "'", "''") + `'), ` + ord + `
 		steps = append(steps, ddl)
 	}
 	for _, q := range steps {
+		if q == "" {
+			continue
+		}
 		if _, err := tx.ExecContext(ctx, q); err != nil {
 			return c, fmt.Errorf("outbox: converting %s: %w", s.t.full, err)
 		}

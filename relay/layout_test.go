@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -9,19 +11,32 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
 	"github.com/acemq/outbox/relay"
 )
 
 // A table converted to the log layout while writers write and a relay
 // relays it: every committed message is delivered, and the relay goes on
-// on the new layout without a restart.
+// on the new layout without a restart. An ordered table becomes an ordered
+// log table, and every key's messages are first delivered in order across
+// the conversion.
 func TestConvertToLogWhileRelaying(t *testing.T) {
 	if dbtest.LogLayout() {
 		t.Skip("converts a table of the rows layout")
 	}
 	t.Parallel()
-	b := setup(t, nil)
+	t.Run("unordered", func(t *testing.T) { t.Parallel(); testConvertToLogWhileRelaying(t, false) })
+	t.Run("ordered", func(t *testing.T) { t.Parallel(); testConvertToLogWhileRelaying(t, true) })
+}
+
+func testConvertToLogWhileRelaying(t *testing.T, ordered bool) {
+	orderLog := amqptest.NewOrderLog()
+	cfg := &outbox.StoreConfig{}
+	if ordered {
+		cfg.Ordering = outbox.OrderedByKey
+	}
+	b := setupFunc(t, cfg, orderLog.Record)
 	r, err := relay.New(b.store, newPublisher(t, nil), &relay.Config{Logger: dbtest.Logger(t), PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -53,7 +68,7 @@ func TestConvertToLogWhileRelaying(t *testing.T) {
 				if err != nil {
 					continue // the conversion's lock timed out a writer: nothing was written
 				}
-				ids, err := b.store.AddIDs(ctx, tx, outbox.Event{Type: "conv", Payload: []byte(`{}`)})
+				ids, err := b.store.AddIDs(ctx, tx, outbox.Event{Type: "conv", Key: fmt.Sprint("k", rand.IntN(10)), Payload: []byte(`{}`)})
 				if err != nil || tx.Commit() != nil {
 					_ = tx.Rollback()
 					continue
@@ -95,4 +110,31 @@ func TestConvertToLogWhileRelaying(t *testing.T) {
 	require.Equal(t, outbox.LayoutLog, l, "the relay's store found the new layout")
 	require.Eventually(t, func() bool { n, err := conv.Pending(ctx); return err == nil && n == 0 }, time.Minute, 20*time.Millisecond)
 	t.Logf("%d committed, %d deliveries", len(want), b.consumer.Total())
+	if !ordered {
+		return
+	}
+	// Each key's order: what the old table published before the
+	// conversion, in seq, then the new table's messages, in ord.
+	after := dbtest.IDsByKey(t, b.db, `"`+b.store.Table()+`"`)
+	copied := map[string]bool{}
+	for _, ids := range after {
+		for _, id := range ids {
+			copied[id] = true
+		}
+	}
+	wantOrder := map[string][]string{}
+	for key, ids := range dbtest.IDsByKey(t, b.db, `"`+done.OldTable+`"`) {
+		for _, id := range ids {
+			if !copied[id] {
+				wantOrder[key] = append(wantOrder[key], id)
+			}
+		}
+	}
+	for key, ids := range after {
+		wantOrder[key] = append(wantOrder[key], ids...)
+	}
+	got := orderLog.Keys()
+	for key, ids := range wantOrder {
+		require.Equal(t, ids, got[key], "key %s: first deliveries across the conversion", key)
+	}
 }
