@@ -152,7 +152,9 @@ SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, 
 		}
 	}
 	if notify {
-		if _, err := tx.ExecContext(ctx, "DROP TRIGGER IF EXISTS "+`"`+s.t.trigger()+`"`+" ON "+oldT.quoted); err != nil {
+		// Before the rename (the steps below): the old table keeps no
+		// trigger of its writers.
+		if _, err := tx.ExecContext(ctx, "DROP TRIGGER IF EXISTS "+`"`+s.t.trigger()+`"`+" ON "+s.t.quoted); err != nil {
 			return c, err
 		}
 		ddl, err := NotifySchema(s.t.full)

@@ -460,3 +460,21 @@ func TestConvertToLog(t *testing.T) {
 	assert.Equal(t, "second: parked", parked[0].LastError)
 	require.NoError(t, old.MarkPublished(ctx, got...))
 }
+
+// A table with the NOTIFY trigger keeps waking relays once converted, and
+// the old table, renamed, keeps no trigger of its writers.
+func TestConvertToLogMovesNotifyTrigger(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, nil)
+	ddl, err := outbox.NotifySchema(b.table)
+	require.NoError(t, err)
+	_, err = b.db.ExecContext(ctx, ddl)
+	require.NoError(t, err)
+	c, err := b.store.ConvertToLog(ctx, false, time.Second)
+	require.NoError(t, err)
+	has, err := b.store.HasNotifyTrigger(ctx)
+	require.NoError(t, err)
+	require.True(t, has, "the new table has it")
+	require.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND NOT tgisinternal`, `"`+c.OldTable+`"`),
+		"the old table has none")
+}
