@@ -200,6 +200,10 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 		return bench.throughput(ctx, c.stdout)
 	}
 	if o.ordered {
+		// The order is the table's: make it ordered.
+		if _, err := ordered.ConvertOrdering(ctx, outbox.OrderedByKey, false, 5*time.Second); err != nil {
+			return err
+		}
 		bench.store = ordered
 	}
 	return bench.latency(ctx, c.stdout)

@@ -273,6 +273,13 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, code, errOut2)
 	require.Contains(t, errOut2, "holding a REPEATABLE READ snapshot open until the end")
 	require.Regexp(t, `-?\d+ dead row versions left by the run`, errOut2)
+	// In ordered mode, on either layout (the table is made ordered: a
+	// relay in ordered mode refuses one that is not).
+	for _, layout := range []string{"rows", "log"} {
+		code, out, errOut3 := outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--runs", "1", "--ordered", "--layout", layout)
+		require.Equal(t, 0, code, errOut3)
+		require.Contains(t, out, "commit to consume at 200 msgs/s", layout)
+	}
 	require.NotNil(t, m, errOut)
 	require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename = $1`, m[1]), "the scratch table is dropped")
 	code, _, errOut = outboxCmd(t, vars, "bench", "--ack-every", "500", "--prefetch", "100")
