@@ -214,8 +214,9 @@ CREATE TABLE IF NOT EXISTS {failed} (
 ALTER TABLE {failed} ADD COLUMN IF NOT EXISTS ord bigint;
 CREATE INDEX IF NOT EXISTS "{name}_failed_due_idx" ON {failed} (available_at)
     WHERE published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL;
--- Claims of an ordered table ask whether a key has a message here.
-CREATE INDEX IF NOT EXISTS "{name}_failed_key_idx" ON {failed} (event_key, ord)
+-- Claims of an ordered table ask whether a key has a message here, and
+-- walk the keys and each key's messages in order.
+CREATE INDEX IF NOT EXISTS "{name}_failed_key_idx" ON {failed} (event_key, (coalesce(ord, 0)), seq)
     WHERE published_at IS NULL AND discarded_at IS NULL;
 
 -- Every event with its state, in the columns of the rows layout, for

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -114,5 +115,50 @@ SELECT coalesce(max(batch_id), 0) + 1, 0, '3:3:', pg_current_snapshot(), '0', 0,
 		_, err = db.ExecContext(ctx, `TRUNCATE `+table)
 		require.NoError(b, err)
 		b.StartTimer()
+	}
+}
+
+// BenchmarkLogParkedKeyBacklog measures a claim of an ordered log table
+// while one key is parked with held messages behind it in the failed table
+// (none, or 100,000): every claim sets that key's new message aside behind
+// them and so looks at the failed table again. ns/op is one claim (of the
+// parked key's new message, set aside, and another key's, published).
+func BenchmarkLogParkedKeyBacklog(b *testing.B) {
+	ctx := context.Background()
+	db := dbtest.DB(b)
+	for _, held := range []int{0, 100_000} {
+		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
+			store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(b), Ordering: outbox.OrderedByKey, MaxAttempts: 1, Logger: dbtest.Logger(b)})
+			require.NoError(b, err)
+			require.NoError(b, store.CreateLogSchemaIfAbsent(ctx))
+			add := func(evts ...outbox.Event) {
+				tx, err := db.BeginTx(ctx, nil)
+				require.NoError(b, err)
+				require.NoError(b, store.Add(ctx, tx, evts...))
+				require.NoError(b, tx.Commit())
+			}
+			add(outbox.Event{Type: "p", Key: "parked", Payload: []byte("{}")})
+			msgs, err := store.Claim(ctx, 10, time.Minute)
+			require.NoError(b, err)
+			require.NoError(b, store.MarkFailed(ctx, msgs[0], "parked"))
+			_, err = db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO "%[1]s_failed" (id, seq, ord, event_type, event_key, exchange, routing_key,
+	payload, content_type, headers, created_at, attempts, available_at)
+SELECT gen_random_uuid(), 1000000 + i, 1000000 + i, 'p', 'parked', '', '', '\x00', 'x', '{}', now(), 0, now() FROM generate_series(1, $1::int) i`, store.Table()), held)
+			require.NoError(b, err)
+			_, err = db.ExecContext(ctx, `ANALYZE "`+store.Table()+`_failed"`)
+			require.NoError(b, err)
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				add(outbox.Event{Type: "p", Key: "parked", Payload: []byte("{}")}, outbox.Event{Type: "o", Key: fmt.Sprint("other-", i), Payload: []byte("{}")})
+				b.StartTimer()
+				msgs, err := store.Claim(ctx, 100, time.Minute)
+				b.StopTimer()
+				require.NoError(b, err)
+				require.Len(b, msgs, 1, "the other key's message; the parked key's is set aside")
+				require.NoError(b, store.MarkPublished(ctx, msgs...))
+				b.StartTimer()
+			}
+		})
 	}
 }

@@ -80,16 +80,46 @@ WHERE o.id IN (SELECT id FROM {failed}
 	// unfinished batch (from $4 on) holds the key; the claim lock
 	// serialises these claims with the others, so that two never take
 	// parts of one key. A key's first message is held back by nothing
-	// else: every later message of its key is here too (see divert).
-	ls.failedClaimOrdSQL = r.Replace(`WITH ` + inflightCTE("$4", "0") + `
+	// else: every later message of its key is here too (see divert). The
+	// keys are walked one index probe each (a loose index scan), and only
+	// a key whose first message is ready has its messages read: a parked
+	// key with a backlog held behind it costs one probe, not a read of the
+	// backlog.
+	ls.failedClaimOrdSQL = r.Replace(`WITH RECURSIVE `+inflightCTE("$4", "0")+`,
+keys AS (
+	(SELECT f.event_key FROM {failed} AS f
+	 WHERE f.published_at IS NULL AND f.discarded_at IS NULL AND f.event_key > '' ORDER BY f.event_key LIMIT 1)
+	UNION ALL
+	SELECT (SELECT f.event_key FROM {failed} AS f
+	        WHERE f.published_at IS NULL AND f.discarded_at IS NULL AND f.event_key > k.event_key ORDER BY f.event_key LIMIT 1)
+	FROM keys AS k WHERE k.event_key IS NOT NULL
+), heads AS (
+	SELECT h.* FROM keys AS k CROSS JOIN LATERAL (
+		SELECT f.event_key, f.available_at, f.parked_at, f.claimed_until FROM {failed} AS f
+		WHERE f.published_at IS NULL AND f.discarded_at IS NULL AND f.event_key = k.event_key
+		ORDER BY coalesce(f.ord, 0), f.seq LIMIT 1) AS h
+	WHERE k.event_key IS NOT NULL
+), ready AS (
+	SELECT h.event_key FROM heads AS h, inflight AS i
+	WHERE h.available_at <= now() AND h.parked_at IS NULL AND (h.claimed_until IS NULL OR h.claimed_until < now())
+	  AND NOT i.every AND NOT h.event_key = ANY(i.keys)
+), runs AS (
+	SELECT r.id, r.ord, r.seq FROM ready AS e CROSS JOIN LATERAL (
+		SELECT d.*, bool_and(d.due) OVER (ORDER BY coalesce(d.ord, 0), d.seq) AS run FROM (
+			SELECT f.id, f.ord, f.seq,
+				f.available_at <= now() AND f.parked_at IS NULL AND (f.claimed_until IS NULL OR f.claimed_until < now()) AS due
+			FROM {failed} AS f
+			WHERE f.published_at IS NULL AND f.discarded_at IS NULL AND f.event_key = e.event_key
+			ORDER BY coalesce(f.ord, 0), f.seq LIMIT $1) AS d) AS r
+	WHERE r.run
+), free AS (
+	SELECT f.id, f.ord, f.seq FROM {failed} AS f
+	WHERE f.event_key = '' AND f.available_at <= now() AND f.published_at IS NULL AND f.parked_at IS NULL AND f.discarded_at IS NULL
+	  AND (f.claimed_until IS NULL OR f.claimed_until < now())
+	ORDER BY f.available_at LIMIT $1
+)
 UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
-WHERE o.id IN (SELECT c.id FROM (
-	SELECT d.*, bool_and(d.due) OVER (PARTITION BY d.event_key ORDER BY d.ord NULLS FIRST, d.seq) AS run
-	FROM (SELECT f.id, f.ord, f.seq, f.event_key,
-			f.available_at <= now() AND f.parked_at IS NULL AND (f.claimed_until IS NULL OR f.claimed_until < now()) AS due
-		FROM {failed} AS f WHERE f.published_at IS NULL AND f.discarded_at IS NULL) AS d) AS c, inflight AS i
-	WHERE CASE WHEN c.event_key = '' THEN c.due ELSE c.run AND NOT i.every AND NOT c.event_key = ANY(i.keys) END
-	ORDER BY c.ord NULLS FIRST, c.seq LIMIT $1)
+WHERE o.id IN (SELECT c.id FROM (SELECT * FROM runs UNION ALL SELECT * FROM free) AS c ORDER BY coalesce(c.ord, 0), c.seq LIMIT $1)
 ` + failedReturning)
 	ls.divertSQL = r.Replace(`WITH s AS (
 	INSERT INTO {settle} (batch_id, gen, kind, seqs)
