@@ -85,7 +85,7 @@ WHERE o.id IN (SELECT id FROM {failed}
 	// a key whose first message is ready has its messages read: a parked
 	// key with a backlog held behind it costs one probe, not a read of the
 	// backlog.
-	ls.failedClaimOrdSQL = r.Replace(`WITH RECURSIVE `+inflightCTE("$4", "0")+`,
+	ls.failedClaimOrdSQL = r.Replace(`WITH RECURSIVE ` + inflightCTE("$4", "0") + `,
 keys AS (
 	(SELECT f.event_key FROM {failed} AS f
 	 WHERE f.published_at IS NULL AND f.discarded_at IS NULL AND f.event_key > '' ORDER BY f.event_key LIMIT 1)
