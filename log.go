@@ -106,6 +106,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{meta}", l.meta, "{view}", l.view, "{claimfn}", l.claimFn, "{lockkey}", lit(l.lockKey()), "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
 		"{version}", fmt.Sprint(logVersion), "{ordered}", t.orderedNow(),
+		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
 		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key"))}, more...)...)
 }
 
@@ -268,7 +269,8 @@ SELECT {version}, {chunk}, {parts}, {bchunk}, {bparts} WHERE NOT EXISTS (SELECT 
 -- On an ordered table (it has its order trigger) a claim takes a window in
 -- the order of ord, which is the order of commit for the rows of a key, and
 -- stops before the first message whose key an unfinished batch holds (from
--- batch low on: the caller knows the batches before it are finished), so
+-- batch low on, the caller's low-water mark, or from the first when no
+-- batch is that high: the table was emptied and its ids began again), so
 -- that two batches never publish messages of one key; a batch claimed
 -- while the table was unordered holds every key. It says of each message
 -- whether its key is blocked: it has a message in the failed table, or,
@@ -297,20 +299,13 @@ DECLARE
     w_min    bigint;
     w_nulls  boolean;
     every    boolean := false;
-    inflight text[] := '{}';
+    held     text[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('{lockkey}', 0));
     ordered := {ordered};
-    IF low > (SELECT coalesce(max(b.batch_id), 0) FROM {batch} AS b) THEN
-        low := 0; -- the batch table was emptied, and its ids begun again
-    END IF;
     IF ordered THEN
-        SELECT coalesce(bool_or(b.keys IS NULL), false), coalesce(array_agg(DISTINCT x.k) FILTER (WHERE x.k IS NOT NULL), '{}')
-        INTO every, inflight
-        FROM {batch} AS b LEFT JOIN LATERAL unnest(b.keys) AS x(k) ON true
-        WHERE b.batch_id >= low AND NOT EXISTS (SELECT 1 FROM {batch} AS y WHERE y.batch_id = b.batch_id AND y.gen > b.gen)
-          AND b.n > (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
-                     WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f'));
+        WITH {inflight}
+        SELECT i.every, i.keys INTO every, held FROM inflight AS i;
         IF every THEN
             RETURN; -- a batch of the table's unordered days is unfinished
         END IF;
@@ -371,7 +366,7 @@ BEGIN
             ORDER BY o.ord LIMIT n + 1
         ), r AS (SELECT f.*, row_number() OVER (ORDER BY f.ord) AS rn,
                 sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.ord) AS run,
-                bool_or(f.event_key <> '' AND f.event_key = ANY(inflight)) OVER (ORDER BY f.ord) AS held_up
+                bool_or(f.event_key <> '' AND f.event_key = ANY(held)) OVER (ORDER BY f.ord) AS held_up
               FROM f),
         -- When the first message's key is held (a hot key with a backlog
         -- in flight), the batch takes the messages all the same and says
@@ -389,7 +384,7 @@ BEGIN
             RETURNING {batch}.lease_until)
         SELECT bid, ins.lease_until, k.id, k.seq, k.tx, k.event_type, k.event_key, k.exchange, k.routing_key, k.payload, k.content_type,
             k.headers, k.created_at, k.ord,
-            k.event_key <> '' AND (k.event_key = ANY(inflight) OR EXISTS (SELECT 1 FROM {failed} AS fl
+            k.event_key <> '' AND (k.event_key = ANY(held) OR EXISTS (SELECT 1 FROM {failed} AS fl
                 WHERE fl.event_key = k.event_key AND fl.published_at IS NULL AND fl.discarded_at IS NULL)),
             ordered
         FROM k, ins ORDER BY k.ord;
@@ -410,7 +405,7 @@ BEGIN
     ), f AS (SELECT * FROM w ORDER BY w.tx, w.seq LIMIT n + 1),
     r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,
             sum(octet_length(f.payload) + octet_length(f.headers::text)) OVER (ORDER BY f.tx, f.seq) AS run,
-            bool_or(ordered AND f.event_key <> '' AND f.event_key = ANY(inflight)) OVER (ORDER BY f.tx, f.seq) AS held_up
+            bool_or(ordered AND f.event_key <> '' AND f.event_key = ANY(held)) OVER (ORDER BY f.tx, f.seq) AS held_up
           FROM f),
     k AS (SELECT * FROM r WHERE r.rn <= n AND (r.rn = 1 OR r.run <= max_bytes) AND NOT r.held_up),
     last AS (SELECT k.tx, k.seq FROM k ORDER BY k.tx DESC, k.seq DESC LIMIT 1),
@@ -516,7 +511,9 @@ type layoutState struct {
 // Layout reads the table's layout from the database: LayoutLog when the
 // table has the log layout's marker, LayoutRows when it has the columns of
 // the rows layout. A table that is neither is refused with an error
-// wrapping ErrInvalidTable; a missing table with one that says so.
+// wrapping ErrInvalidTable; a missing table with one that says so. A table
+// of the log layout of an earlier version is LayoutLog with an error
+// wrapping ErrInvalidTable that says how to bring it up to date.
 func (s *Store) Layout(ctx context.Context) (Layout, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -550,7 +547,7 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 			return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
 		}
 		if version.Valid && version.Int64 < logVersion {
-			return 0, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
+			return LayoutLog, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
 				ErrInvalidTable, s.t.full, version.Int64, logVersion)
 		}
 		if !version.Valid || version.Int64 != logVersion {

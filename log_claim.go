@@ -40,7 +40,7 @@ const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routin
 
 func newLogStore(s *Store, l logTables) *logStore {
 	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns,
-		"{blocked}", logBlocked(s.t, l), "{lockkey}", l.lockKey())
+		"{blocked}", logBlocked(s.t, l), "{ordered}", s.t.orderedNow())
 	ls := &logStore{s: s, l: l}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
 	// The messages of batch $1 that no gen published or failed, with
@@ -69,10 +69,13 @@ WHERE b.batch_id >= $1 AND NOT EXISTS (SELECT 1 FROM {batch} AS l WHERE l.batch_
 ORDER BY b.batch_id LIMIT 20000`)
 	const failedReturning = `RETURNING o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
 	o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at, o.ord, false`
+	// A store that reads its table unordered takes no message with a key
+	// from it if it is ordered (it checks the mode in the statement): the
+	// claim of an ordered table is the next one.
 	ls.failedClaimSQL = r.Replace(`UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
 WHERE o.id IN (SELECT id FROM {failed}
 	WHERE available_at <= now() AND published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL
-	  AND (claimed_until IS NULL OR claimed_until < now())
+	  AND (claimed_until IS NULL OR claimed_until < now()) AND (event_key = '' OR NOT {ordered})
 	ORDER BY available_at LIMIT $1 FOR UPDATE SKIP LOCKED)
 ` + failedReturning)
 	// On an ordered table, the failed messages of a key are taken from its
@@ -218,9 +221,7 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 	}
 	err := func() error {
 		if ls.failedDue() {
-			if err := step(func() ([]Message, error) {
-				return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.claimFailed(ctx, tx, n, lease) })
-			}); err != nil {
+			if err := step(func() ([]Message, error) { return ls.claimFailed(ctx, db, n, lease) }); err != nil {
 				return err
 			}
 		}
@@ -286,36 +287,42 @@ func (ls *logStore) failedSoon() {
 	ls.mu.Unlock()
 }
 
-func (ls *logStore) claimFailed(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) (msgs []Message, err error) {
+func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
 	}
 	ref := batchRef{token: token.String()}.String()
-	// The table's mode is read under the claim lock, in the transaction:
-	// a store's last reading may be a second old.
-	var ordered bool
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
-		return nil, err
+	if ls.s.Ordering() != OrderedByKey {
+		rows, err := db.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
+		if err != nil {
+			return nil, err
+		}
+		msgs, _, err := scanLogMessages(rows, ref)
+		return msgs, err
 	}
-	if err := tx.QueryRowContext(ctx, "SELECT "+ls.s.t.orderedNow()).Scan(&ordered); err != nil {
-		return nil, err
-	}
-	var rows *sql.Rows
-	if ordered {
+	return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) {
+		if err := ls.lockClaims(ctx, tx); err != nil {
+			return nil, err
+		}
 		ls.mu.Lock()
 		low := ls.low
 		ls.mu.Unlock()
-		rows, err = tx.QueryContext(ctx, ls.failedClaimOrdSQL, n, token.String(), lease.Microseconds(), low)
-	} else {
-		rows, err = tx.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
-	}
-	if err != nil {
-		return nil, err
-	}
-	msgs, _, err = scanLogMessages(rows, ref)
-	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Or(cmp.Compare(a.ord, b.ord), cmp.Compare(a.Seq, b.Seq)) })
-	return msgs, err
+		rows, err := tx.QueryContext(ctx, ls.failedClaimOrdSQL, n, token.String(), lease.Microseconds(), low)
+		if err != nil {
+			return nil, err
+		}
+		msgs, _, err := scanLogMessages(rows, ref)
+		slices.SortFunc(msgs, func(a, b Message) int { return cmp.Or(cmp.Compare(a.ord, b.ord), cmp.Compare(a.Seq, b.Seq)) })
+		return msgs, err
+	})
+}
+
+// lockClaims takes the table's claim lock for the rest of tx: claims,
+// take-overs and ordered claims of the failed table take turns.
+func (ls *logStore) lockClaims(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey())
+	return err
 }
 
 // scanLogMessages reads the columns of scanMessages, then ord and whether
@@ -396,7 +403,7 @@ type execer interface {
 // released, if its messages fit in n (or whatever its size when alone),
 // and moves the store's low-water mark past finished batches.
 func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", ls.l.lockKey()); err != nil {
+	if err := ls.lockClaims(ctx, tx); err != nil {
 		return nil, err
 	}
 	ls.mu.Lock()

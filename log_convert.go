@@ -74,9 +74,10 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	}
 	lt := s.t.logTables()
 	c := Conversion{OldTable: old, DDL: s.t.logSQL(lt)}
-	// An ordered table becomes an ordered log table: its trigger numbers
-	// the copied rows in the order of seq, and the failed ones and those
-	// held behind them go to the failed table, in that order too.
+	// An ordered table becomes an ordered log table: the copy numbers the
+	// rows (ord) in the order of seq, and the failed ones and those held
+	// behind them go to the failed table, in that order too; the trigger
+	// comes after the copy (see the steps).
 	waiting, failing := `attempts = 0 AND parked_at IS NULL`, `attempts > 0 OR parked_at IS NOT NULL`
 	tableDDL, orderDDL := c.DDL, ""
 	if ordered {

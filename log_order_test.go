@@ -22,6 +22,26 @@ func payloads(msgs []outbox.Message) []string {
 	return out
 }
 
+// publishUntil claims and publishes until want messages were claimed in
+// all, waiting for those not due yet, and returns their payloads in the
+// order claimed.
+func publishUntil(t *testing.T, s *outbox.Store, want int) []string {
+	t.Helper()
+	ctx := context.Background()
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); len(got) < want; {
+		require.False(t, time.Now().After(deadline), "claimed %d of %d in 10s: %v", len(got), want, got)
+		msgs, err := s.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, s.MarkPublished(ctx, msgs...))
+		got = append(got, payloads(msgs)...)
+		if len(msgs) == 0 {
+			time.Sleep(10 * time.Millisecond) // polling, as a relay does
+		}
+	}
+	return got
+}
+
 // A writer of a key whose transaction got its id before another writer of
 // the key, and writes after that one committed: the order of tx, seq puts
 // it first, its commit (and ord) second. An ordered log table relays it
@@ -204,19 +224,7 @@ func TestLogOrderedFailedCopiesPurged(t *testing.T) {
 	require.NoError(t, b.store.MarkPublished(ctx, msgs[3]))
 	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`_failed" SET available_at = now()`)
 	require.NoError(t, err)
-	var order []string
-	for {
-		msgs, err := b.store.Claim(ctx, 10, time.Minute)
-		require.NoError(t, err)
-		if len(msgs) == 0 {
-			if dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_failed" WHERE published_at IS NULL`) == 0 {
-				break
-			}
-			continue // the released ones, set aside, wait for a1
-		}
-		require.NoError(t, b.store.MarkPublished(ctx, msgs...))
-		order = append(order, payloads(msgs)...)
-	}
+	order := publishUntil(t, b.store, 3) // the released ones, set aside, wait for a1
 	require.Equal(t, []string{p("a", 1), p("a", 2), p("a", 3)}, order)
 	require.EqualValues(t, 3, dbtest.Count(t, b.db, failed), "a1, and a2 and a3 set aside behind it")
 
@@ -291,25 +299,12 @@ func TestConvertOrderedTableToLog(t *testing.T) {
 	// and b's messages go. (The copied rows were written by the
 	// conversion's transaction, which its own boundary snapshot sees: they
 	// come in a window of their own, before a5 and b3.)
-	var order []string
-	require.Eventually(t, func() bool {
-		msgs, err := b.store.Claim(ctx, 10, time.Minute)
-		require.NoError(t, err)
-		require.NoError(t, b.store.MarkPublished(ctx, msgs...))
-		order = append(order, payloads(msgs)...)
-		return len(order) == 3
-	}, 10*time.Second, 10*time.Millisecond)
+	order := publishUntil(t, b.store, 3)
 	require.Equal(t, []string{p("b", 1), p("b", 2), p("b", 3)}, order)
 	// Then a1 is due.
 	_, err = b.db.ExecContext(ctx, `UPDATE "`+b.table+`_failed" SET available_at = now()`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		msgs, err := b.store.Claim(ctx, 10, time.Minute)
-		require.NoError(t, err)
-		require.NoError(t, b.store.MarkPublished(ctx, msgs...))
-		order = append(order, payloads(msgs)...)
-		return len(order) == 8
-	}, 10*time.Second, 10*time.Millisecond)
+	order = append(order, publishUntil(t, b.store, 5)...)
 	byKey := map[string][]string{}
 	for _, o := range order {
 		byKey[o[8:9]] = append(byKey[o[8:9]], o)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -477,4 +478,37 @@ func TestConvertToLogMovesNotifyTrigger(t *testing.T) {
 	require.True(t, has, "the new table has it")
 	require.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND NOT tgisinternal`, `"`+c.OldTable+`"`),
 		"the old table has none")
+}
+
+// A log table of version 1 (before ordered log tables: no ord columns, no
+// batch keys, the claim function of four arguments) is refused with the
+// way to bring it up to date, which the schema's DDL does, on a table with
+// messages waiting.
+func TestLogVersion1BroughtUpToDate(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(3)...)
+	q := func(s string) string { return strings.ReplaceAll(s, "{t}", b.table) }
+	for _, stmt := range []string{
+		q(`DROP FUNCTION "{t}_claim"(integer, bigint, bigint, uuid, bigint)`), q(`DROP VIEW "{t}_messages"`), // reads ord
+		q(`ALTER TABLE "{t}" DROP COLUMN ord`), q(`DROP SEQUENCE IF EXISTS "{t}_ord_seq"`), /* owned by ord: gone with it */
+		q(`ALTER TABLE "{t}_failed" DROP COLUMN ord`), q(`ALTER TABLE "{t}_batch" DROP COLUMN keys`),
+		q(`ALTER TABLE "{t}_log" DROP COLUMN ordered_from`), q(`UPDATE "{t}_log" SET version = 1`),
+	} {
+		_, err := b.db.ExecContext(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	old, err := outbox.NewStore(b.db, &outbox.StoreConfig{Table: b.table})
+	require.NoError(t, err)
+	l, err := old.Layout(ctx)
+	require.ErrorIs(t, err, outbox.ErrInvalidTable)
+	require.ErrorContains(t, err, "version 1, before this version of the library")
+	require.ErrorContains(t, err, "outbox schema --layout log --apply")
+	require.Equal(t, outbox.LayoutLog, l, "a log table, of an earlier version")
+
+	require.NoError(t, old.CreateLogSchemaIfAbsent(ctx))
+	l, err = old.Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutLog, l)
+	assert.Equal(t, 3, relayAll(t, old), "the messages waiting are relayed")
 }

@@ -180,8 +180,12 @@ LEFT JOIN (pg_depend AS d JOIN pg_sequence AS s ON s.seqrelid = d.objid)
 }
 
 // seqUnsafe returns an error wrapping ErrOrderingUnsafe when the table's
-// seq cannot number a key's rows in commit order.
-func (s *Store) seqUnsafe(o tableOrder) error {
+// column that numbers a key's rows (see readOrderOf) cannot number them in
+// commit order.
+func (s *Store) seqUnsafe(o tableOrder, column string) error {
+	if column == "ord" && (!o.hasSeq || !o.cache.Valid || o.cache.Int64 > 1) {
+		return fmt.Errorf("%w: %s has no ord column numbered by a sequence of its own that does not cache: bring it up to date with `outbox schema --layout log --apply`", ErrOrderingUnsafe, s.t.full)
+	}
 	switch {
 	case !o.hasSeq:
 		return fmt.Errorf("%w: %s has no seq column: apply migration 000002 (or `outbox schema --apply`)", ErrOrderingUnsafe, s.t.full)
@@ -236,12 +240,8 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 	switch {
 	case err != nil:
 		return err
-	case o.ordered && column == "ord" && (!o.hasSeq || !o.cache.Valid || o.cache.Int64 > 1):
-		return fmt.Errorf("%w: %s is an ordered table of the log layout whose ord column is missing, not numbered by its own sequence or numbered by one that caches: bring it up to date with `outbox schema --layout log --apply`", ErrOrderingUnsafe, s.t.full)
-	case o.ordered && column == "seq":
-		return s.seqUnsafe(o)
 	case o.ordered:
-		return nil
+		return s.seqUnsafe(o, column)
 	case s.ordering == OrderedByKey:
 		return fmt.Errorf("%w: %s is not an ordered table, and this store is configured OrderedByKey: make it one with `outbox convert --to ordered` (Store.ConvertOrdering), safe while writers and relays run", ErrOrderingUnsafe, s.t.full)
 	}
@@ -302,7 +302,7 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	if to == OrderedByKey && from != to {
 		// The trigger numbers rows from seq's sequence, which must be
 		// there and must not cache numbers.
-		if err := s.seqUnsafe(o); err != nil {
+		if err := s.seqUnsafe(o, "seq"); err != nil {
 			return c, err
 		}
 	}
@@ -334,9 +334,9 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 // creates its order trigger and records the boundary: what its snapshot
 // sees was written before the trigger and is relayed first, in the order
 // of tx and seq; what it does not see has ord, and windows after it are
-// relayed in the order of ord, one batch at a time. Making it unordered
-// drops the trigger; the messages held behind failed ones are then
-// claimed as they are due.
+// relayed in the order of ord (see the claim function in logDDL). Making
+// it unordered drops the trigger; the messages held behind failed ones
+// are then claimed as they are due.
 func (s *Store) convertLogOrdering(ctx context.Context, db *sql.DB, ls *logStore, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
 	o, err := s.readOrderOf(ctx, db, "ord")
 	if err != nil {
@@ -355,8 +355,10 @@ func (s *Store) convertLogOrdering(ctx context.Context, db *sql.DB, ls *logStore
 	if from == to {
 		return c, nil
 	}
-	if to == OrderedByKey && (!o.hasSeq || !o.cache.Valid || o.cache.Int64 > 1) {
-		return c, fmt.Errorf("%w: %s has no ord column numbered by a sequence of its own that does not cache: bring it up to date with `outbox schema --layout log --apply`", ErrOrderingUnsafe, s.t.full)
+	if to == OrderedByKey {
+		if err := s.seqUnsafe(o, "ord"); err != nil {
+			return c, err
+		}
 	}
 	c.DDL = s.t.logUnorderDDL(ls.l)
 	if to == OrderedByKey {

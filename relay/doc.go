@@ -95,10 +95,10 @@
 // claimed, backing off or parked; on a table of the log layout it stops
 // before such a message, or sets it aside behind it), so while their
 // leases hold two batches never hold messages of one key, and what one
-// batch's settle does cannot change what another may publish. (A batch that outlives its lease shares
-// its messages with the claimer that took them over: each publishes a
-// key's messages one confirm after another, and the marks are fenced by
-// the claim.)
+// batch's settle does cannot change what another may publish. (A batch
+// that outlives its lease shares its messages with the claimer that took
+// them over: each publishes a key's messages one confirm after another,
+// and the marks are fenced by the claim.)
 //
 // What a fault does at each stage: a claim that fails is the claimer's, and
 // it backs off. A broker fault during a publish releases the messages

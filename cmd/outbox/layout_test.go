@@ -30,6 +30,18 @@ func TestLogLayoutOperatorCommands(t *testing.T) {
 	code, _, errOut = outboxCmd(t, nil, "schema", "--table", table, "--layout", "heap")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--layout must be rows or log")
+	// A log table of an earlier version: status says how to bring it up to
+	// date, and that does it.
+	_, err := db.ExecContext(ctx, `UPDATE "`+table+`_log" SET version = 1`)
+	require.NoError(t, err)
+	code, _, errOut = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "outbox schema --layout log --apply")
+	code, out, _ = outboxCmd(t, nil, "schema", "--table", table, "--layout", "log", "--apply")
+	require.Equal(t, 0, code, out)
+	code, out, errOut = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "pending")
 
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
