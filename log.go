@@ -294,6 +294,8 @@ DECLARE
     hi       pg_snapshot;
     a_tx     xid8 := '0';
     a_seq    bigint := 0;
+    s_tx     xid8;
+    s_seq    bigint;
     by_ord   boolean := false;
     ordered  boolean;
     w_min    bigint;
@@ -390,6 +392,16 @@ BEGIN
         FROM k, ins ORDER BY k.ord;
         RETURN;
     END IF;
+    -- Where the range of transactions after lo begins: at xmax(lo), or
+    -- after the cursor when it is past it. One lower bound on tx, as one
+    -- row comparison: given two (tx >= xmax(lo) and a row comparison from
+    -- 0), the index scan may start from the lower and read the index of
+    -- every event of the partition (TestLogClaimReadsNoHistory).
+    IF a_tx >= pg_snapshot_xmax(lo) THEN
+        s_tx := a_tx; s_seq := a_seq;
+    ELSE
+        s_tx := pg_snapshot_xmax(lo); s_seq := -9223372036854775808;
+    END IF;
     RETURN QUERY
     WITH w AS (
         -- the transactions still running at lo, then those after it, each
@@ -399,8 +411,7 @@ BEGIN
          ORDER BY o.tx, o.seq LIMIT n + 1)
         UNION ALL
         (SELECT o.* FROM {table} AS o
-         WHERE o.tx >= pg_snapshot_xmax(lo) AND o.tx < pg_snapshot_xmax(hi) AND (o.tx, o.seq) > (a_tx, a_seq)
-           AND pg_visible_in_snapshot(o.tx, hi)
+         WHERE (o.tx, o.seq) > (s_tx, s_seq) AND o.tx < pg_snapshot_xmax(hi) AND pg_visible_in_snapshot(o.tx, hi)
          ORDER BY o.tx, o.seq LIMIT n + 1)
     ), f AS (SELECT * FROM w ORDER BY w.tx, w.seq LIMIT n + 1),
     r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,

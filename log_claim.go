@@ -45,12 +45,17 @@ func newLogStore(s *Store, l logTables) *logStore {
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
 	// The messages of batch $1 that no gen published or failed, with
 	// whether their key is blocked: it has a message in the failed table,
-	// or another unfinished batch (from $8 on) holds it.
+	// or another unfinished batch (from $8 on) holds it. The range of the
+	// tx index begins at the batch's cursor or at xmin(lo), whichever is
+	// later: from the cursor 0 of a window's first batch, it would read
+	// the index from the partition's first event.
 	ls.reclaimSQL = r.Replace(`WITH ` + inflightCTE("$8", "$1") + `
 SELECT {columns}, 0, '', NULL::timestamptz, NULL::timestamptz, o.ord, {blocked} FROM {table} AS o, inflight AS i
 WHERE (o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($2::pg_snapshot))) OR (o.tx >= pg_snapshot_xmax($2::pg_snapshot) AND o.tx < pg_snapshot_xmax($3::pg_snapshot)))
   AND pg_visible_in_snapshot(o.tx, $3::pg_snapshot)
-  AND (o.tx, o.seq) > ($4::xid8, $5::bigint) AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
+  AND (o.tx, o.seq) > (greatest($4::xid8, pg_snapshot_xmin($2::pg_snapshot)),
+                       CASE WHEN $4::xid8 >= pg_snapshot_xmin($2::pg_snapshot) THEN $5::bigint ELSE -9223372036854775808 END)
+  AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
   AND o.seq <> ALL(ARRAY(SELECT unnest(d.seqs) FROM {settle} AS d WHERE d.batch_id = $1 AND d.kind IN ('p', 'f')))
 ORDER BY o.tx, o.seq`)
 	// The same of a batch of an ordered table's window, taken in ord.
