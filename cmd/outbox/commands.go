@@ -258,7 +258,7 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("schema", x, outbox.TableDefault)
 	apply := c.fs.Bool("apply", false, "create the table in the database instead of printing the DDL")
 	notify := c.fs.Bool("notify", false, "include the LISTEN/NOTIFY trigger that wakes relays at once (costs write throughput; see README)")
-	layout := c.fs.String("layout", "rows", "rows: one row per message, updated as it is claimed and published; log: events only ever inserted, relaying leaves no dead tuples, history truncated by partition (see README)")
+	layout := c.fs.String("layout", "", "log: events only ever inserted, relaying leaves no dead tuples, history truncated by partition (the default); rows: one row per message, updated as it is claimed and published (see README). With --apply on a table that exists, the default is its layout")
 	orderedTable := c.fs.Bool("ordered", false, "make it an ordered table: every writer of a key takes its turn, relays publish each key's messages in commit order (see README)")
 	if err := c.parse(args); err != nil {
 		return err
@@ -268,6 +268,18 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 		err  error
 		want outbox.Layout
 	)
+	if *layout == "" {
+		*layout = "log"
+		if *apply { // bring a table that exists up to date in its own layout
+			have, exists, err := c.existingLayout(ctx)
+			if err != nil && !(exists && have == outbox.LayoutLog) {
+				return err
+			}
+			if exists {
+				*layout = have.String()
+			}
+		}
+	}
 	switch *layout {
 	case "rows":
 		ddl, err = outbox.Schema(c.table)
@@ -374,20 +386,10 @@ func (c *common) convertOrdering(ctx context.Context, store *outbox.Store, to st
 // checkLayout refuses to apply the DDL of one layout to an existing table
 // of another.
 func (c *common) checkLayout(ctx context.Context, want outbox.Layout) error {
-	db, err := c.openDB(ctx)
-	if err != nil {
+	have, exists, err := c.existingLayout(ctx)
+	if !exists {
 		return err
 	}
-	defer db.Close()
-	var exists bool
-	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", c.table).Scan(&exists); err != nil || !exists {
-		return err
-	}
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table})
-	if err != nil {
-		return err
-	}
-	have, err := store.Layout(ctx)
 	if err != nil && !(want == outbox.LayoutLog && have == outbox.LayoutLog) {
 		return err // (a log table of an earlier version is brought up to date by its DDL, idempotent)
 	}
@@ -395,6 +397,26 @@ func (c *common) checkLayout(ctx context.Context, want outbox.Layout) error {
 		return fmt.Errorf("table %s exists with the %s layout: this is the DDL of the %s layout (--layout %s)", c.table, have, want, have)
 	}
 	return nil
+}
+
+// existingLayout reads the layout of the table when it exists (see
+// outbox.Store.Layout: LayoutLog with an error for a log table of an
+// earlier version).
+func (c *common) existingLayout(ctx context.Context) (layout outbox.Layout, exists bool, err error) {
+	db, err := c.openDB(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer db.Close()
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", c.table).Scan(&exists); err != nil || !exists {
+		return 0, false, err
+	}
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table})
+	if err != nil {
+		return 0, true, err
+	}
+	layout, err = store.Layout(ctx)
+	return layout, true, err
 }
 
 // printOrApply prints ddl, or runs it in the database when apply is set.

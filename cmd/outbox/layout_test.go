@@ -11,6 +11,38 @@ import (
 	"github.com/acemq/outbox/internal/dbtest"
 )
 
+// outbox schema creates the log layout unless told otherwise, and
+// --apply on a table that exists keeps its layout (what upgrades a table
+// of the rows layout).
+func TestSchemaDefaultLayout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	fresh, rows := dbtest.Table(t), dbtest.Table(t)
+
+	code, out, _ := outboxCmd(t, nil, "schema", "--table", fresh)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "PARTITION BY LIST", "printed: the log layout")
+	code, out, errOut := outboxCmd(t, nil, "schema", "--table", fresh, "--apply")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "is ready")
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: fresh})
+	require.NoError(t, err)
+	l, err := store.Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutLog, l)
+
+	code, _, errOut = outboxCmd(t, nil, "schema", "--table", rows, "--layout", "rows", "--apply")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = outboxCmd(t, nil, "schema", "--table", rows, "--apply")
+	require.Equal(t, 0, code, "applied again to a table of the rows layout: its own DDL, idempotent: %s", errOut)
+	store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: rows})
+	require.NoError(t, err)
+	l, err = store.Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutRows, l)
+}
+
 // The operators' commands work on a table of the log layout as on one of
 // the rows layout, and schema --apply refuses to mix layouts.
 func TestLogLayoutOperatorCommands(t *testing.T) {
@@ -24,7 +56,7 @@ func TestLogLayoutOperatorCommands(t *testing.T) {
 	require.Contains(t, out, "PARTITION BY LIST")
 	code, out, _ = outboxCmd(t, nil, "schema", "--table", table, "--layout", "log", "--apply")
 	require.Equal(t, 0, code, out)
-	code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--apply")
+	code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--layout", "rows", "--apply")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "exists with the log layout")
 	code, _, errOut = outboxCmd(t, nil, "schema", "--table", table, "--layout", "heap")
