@@ -223,9 +223,7 @@ func TestLogClaimReadsNoHistory(t *testing.T) {
 	ctx := context.Background()
 	b := setupLog(t, nil)
 	const history = 20_000
-	_, err := b.db.ExecContext(ctx, `INSERT INTO "`+b.table+`" (id, event_type, payload)
-SELECT gen_random_uuid(), 'history', '\x00' FROM generate_series(1, $1)`, history)
-	require.NoError(t, err)
+	b.insertMany(t, history)
 	old, err := b.store.Claim(ctx, history, time.Minute)
 	require.NoError(t, err)
 	require.Len(t, old, history)
@@ -254,6 +252,14 @@ SELECT gen_random_uuid(), 'history', '\x00' FROM generate_series(1, $1)`, histor
 	}
 	require.Equal(t, ids(fresh), ids(again), "taken over")
 	assert.Less(t, n, int64(20), "index blocks read by the take-over")
+}
+
+// insertMany commits n events of one byte in one statement.
+func (b *testBundle) insertMany(t *testing.T, n int) {
+	t.Helper()
+	_, err := b.db.ExecContext(context.Background(), `INSERT INTO "`+b.table+`" (id, event_type, payload)
+SELECT gen_random_uuid(), 'many', '\x00' FROM generate_series(1, $1)`, n)
+	require.NoError(t, err)
 }
 
 // countingStore returns a store of the table on a pool of one session,
@@ -289,10 +295,8 @@ func TestLogClaimOnAnalysedBacklog(t *testing.T) {
 	ctx := context.Background()
 	b := setupLog(t, nil)
 	const backlog = 20_000
-	_, err := b.db.ExecContext(ctx, `INSERT INTO "`+b.table+`" (id, event_type, payload)
-SELECT gen_random_uuid(), 'backlog', '\x00' FROM generate_series(1, $1)`, backlog)
-	require.NoError(t, err)
-	_, err = b.db.ExecContext(ctx, `ANALYZE "`+b.table+`"`)
+	b.insertMany(t, backlog)
+	_, err := b.db.ExecContext(ctx, `ANALYZE "`+b.table+`"`)
 	require.NoError(t, err)
 
 	store, reads := b.countingStore(t, "heap_blks")
