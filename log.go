@@ -28,7 +28,7 @@ const (
 	// never by DELETE or UPDATE. Relaying leaves no dead tuples in the
 	// table that holds the events, so claims do not slow down while
 	// VACUUM is held back (by a long report query, say). Created by
-	// LogSchema (`outbox schema --layout log`); made ordered by
+	// LogSchema (`outbox schema`, whose default it is); made ordered by
 	// Store.ConvertOrdering (`outbox convert --to ordered`) or created so
 	// (`outbox schema --layout log --ordered`), like a table of LayoutRows.
 	LayoutLog
