@@ -268,6 +268,7 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 		err  error
 		want outbox.Layout
 	)
+	checked := false
 	if *layout == "" {
 		*layout = "log"
 		if *apply { // bring a table that exists up to date in its own layout
@@ -276,7 +277,7 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 				return err
 			}
 			if exists {
-				*layout = have.String()
+				*layout, checked = have.String(), true
 			}
 		}
 	}
@@ -293,7 +294,7 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *apply {
+	if *apply && !checked {
 		if err := c.checkLayout(ctx, want); err != nil {
 			return err
 		}
