@@ -52,3 +52,19 @@ func SetLogLow(s *Store, low int64) {
 	s.log.low = low
 	s.log.mu.Unlock()
 }
+
+// SetLogClock makes the log store of s (its table must have LayoutLog and
+// have been read) tell the time from now.
+func SetLogClock(s *Store, now func() time.Time) {
+	s.log.mu.Lock()
+	s.log.now = now
+	s.log.mu.Unlock()
+}
+
+// LogLookEvery returns how often the log store of s looks for batches to
+// take over and for failed messages due again.
+func LogLookEvery(s *Store) time.Duration {
+	s.log.mu.Lock()
+	defer s.log.mu.Unlock()
+	return s.log.lookEvery
+}

@@ -32,16 +32,28 @@ type logStore struct {
 	low      int64     // no batch below it is unfinished, as far as this store has seen
 	nextScan time.Time // when to look for batches to take over
 
-	nextMaintain time.Time // when to rotate partitions
-	nextFailed   time.Time // when to look for failed messages due again
+	nextMaintain time.Time     // when to rotate partitions
+	nextFailed   time.Time     // when to look for failed messages due again
+	lookEvery    time.Duration // how often to look for either: longer while claims find nothing
+	now          func() time.Time
 }
+
+// How often a claim looks for batches to take over and for failed
+// messages due again: every lookEvery while claims find work; while they
+// find none, twice as long after each look, up to a quarter of the lease
+// and at most lookEveryIdle. An idle relay then makes its claims and
+// little else, and still notices a lapsed lease within a quarter of it.
+const (
+	lookEvery     = 250 * time.Millisecond
+	lookEveryIdle = 2 * time.Second
+)
 
 const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at`
 
 func newLogStore(s *Store, l logTables) *logStore {
 	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns,
 		"{blocked}", logBlocked(s.t, l), "{ordered}", s.t.orderedNow())
-	ls := &logStore{s: s, l: l}
+	ls := &logStore{s: s, l: l, lookEvery: lookEvery, now: time.Now}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
 	// The messages of batch $1 that no gen published or failed, with
 	// whether their key is blocked: it has a message in the failed table,
@@ -245,6 +257,7 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 	if err != nil && len(msgs) == 0 {
 		return nil, err
 	}
+	ls.lookedFor(len(msgs) == 0, lease)
 	// Messages already claimed are returned even if a later step failed:
 	// the next claim meets the failure again.
 	if ls.maintainDue() {
@@ -261,36 +274,55 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 func (ls *logStore) maintainDue() bool { return ls.due(&ls.nextMaintain, time.Second) }
 
 // scanDue says whether this claim looks for batches to take over: at most
-// every 250ms, and at once after a release in this process.
-func (ls *logStore) scanDue() bool { return ls.due(&ls.nextScan, 250*time.Millisecond) }
+// every lookEvery (longer while idle), and at once after a release in this
+// process.
+func (ls *logStore) scanDue() bool { return ls.due(&ls.nextScan, 0) }
 
-// due says whether the time *next has come, and if so moves it on by every.
+// due says whether the time *next has come, and if so moves it on by every
+// (by the current look interval when every is 0).
 func (ls *logStore) due(next *time.Time, every time.Duration) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	now := time.Now()
+	now := ls.now()
 	if now.Before(*next) {
 		return false
+	}
+	if every == 0 {
+		every = ls.lookEvery
 	}
 	*next = now.Add(every)
 	return true
 }
 
-func (ls *logStore) scanSoon() {
+// lookedFor adapts the look interval after a claim: back to lookEvery when
+// the claim found messages, twice as long (up to a quarter of the lease,
+// at most lookEveryIdle) when it found none.
+func (ls *logStore) lookedFor(empty bool, lease time.Duration) {
 	ls.mu.Lock()
-	ls.nextScan = time.Time{}
+	defer ls.mu.Unlock()
+	if !empty {
+		ls.lookEvery = lookEvery
+		return
+	}
+	ls.lookEvery = max(lookEvery, min(2*ls.lookEvery, lease/4, lookEveryIdle))
+}
+
+// soon makes the next claim look at once, and the looks frequent again.
+func (ls *logStore) soon(next *time.Time) {
+	ls.mu.Lock()
+	*next = time.Time{}
+	ls.lookEvery = lookEvery
 	ls.mu.Unlock()
 }
+
+func (ls *logStore) scanSoon() { ls.soon(&ls.nextScan) }
 
 // failedDue says whether this claim looks for failed messages due again:
-// at most every 250ms, and at once after a failure in this process.
-func (ls *logStore) failedDue() bool { return ls.due(&ls.nextFailed, 250*time.Millisecond) }
+// at most every lookEvery (longer while idle), and at once after a failure
+// in this process.
+func (ls *logStore) failedDue() bool { return ls.due(&ls.nextFailed, 0) }
 
-func (ls *logStore) failedSoon() {
-	ls.mu.Lock()
-	ls.nextFailed = time.Time{}
-	ls.mu.Unlock()
-}
+func (ls *logStore) failedSoon() { ls.soon(&ls.nextFailed) }
 
 func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	token, err := uuid.NewRandom()

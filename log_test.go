@@ -309,6 +309,50 @@ func TestLogClaimOnAnalysedBacklog(t *testing.T) {
 	}
 }
 
+// TestLogIdleLooksBackOff: while claims find nothing, a store looks for
+// batches to take over and for failed messages due again less and less
+// often (twice as long after each look, up to a quarter of the lease and
+// at most 2s); a claim that finds work, a release or a failure in the
+// process makes them frequent again. The store's clock is the test's.
+func TestLogIdleLooksBackOff(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	_, err := b.store.Layout(ctx)
+	require.NoError(t, err)
+	now := time.Now()
+	outbox.SetLogClock(b.store, func() time.Time { return now })
+	idle := func(claims int, lease time.Duration) {
+		for range claims {
+			now = now.Add(100 * time.Millisecond)
+			msgs, err := b.store.Claim(ctx, 10, lease)
+			require.NoError(t, err)
+			require.Empty(t, msgs)
+		}
+	}
+	require.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store))
+	idle(40, 30*time.Second)
+	assert.Equal(t, 2*time.Second, outbox.LogLookEvery(b.store), "idle, a lease of 30s")
+
+	b.addCommitted(t, events(1)...)
+	msgs, err := b.store.Claim(ctx, 10, 30*time.Second)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	assert.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store), "after a claim that found work")
+	require.NoError(t, b.store.MarkPublished(ctx, msgs...))
+
+	idle(40, 2*time.Second)
+	assert.Equal(t, 500*time.Millisecond, outbox.LogLookEvery(b.store), "idle, a lease of 2s: a quarter of it")
+	idle(10, time.Minute)
+	require.Equal(t, 2*time.Second, outbox.LogLookEvery(b.store))
+	b.addCommitted(t, events(1)...)
+	msgs, err = b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	idle(10, time.Minute)
+	require.NoError(t, b.store.Release(ctx, msgs...))
+	assert.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store), "after a release in the process")
+}
+
 func TestLogRelease(t *testing.T) {
 	ctx := context.Background()
 	b := setupLog(t, nil)
