@@ -107,6 +107,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
 		"{version}", fmt.Sprint(logVersion), "{ordered}", t.orderedNow(),
 		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
+		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"),
 		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key"))}, more...)...)
 }
 
@@ -300,8 +301,6 @@ DECLARE
     hi       pg_snapshot;
     a_tx     xid8 := '0';
     a_seq    bigint := 0;
-    s_tx     xid8;
-    s_seq    bigint;
     by_ord   boolean := false;
     ordered  boolean;
     w_min    bigint;
@@ -398,16 +397,6 @@ BEGIN
         FROM k, ins ORDER BY k.ord;
         RETURN;
     END IF;
-    -- Where the range of transactions after lo begins: at xmax(lo), or
-    -- after the cursor when it is past it. One lower bound on tx, as one
-    -- row comparison: given two (tx >= xmax(lo) and a row comparison from
-    -- 0), the index scan may start from the lower and read the index of
-    -- every event of the partition (TestLogClaimReadsNoHistory).
-    IF a_tx >= pg_snapshot_xmax(lo) THEN
-        s_tx := a_tx; s_seq := a_seq;
-    ELSE
-        s_tx := pg_snapshot_xmax(lo); s_seq := -9223372036854775808;
-    END IF;
     RETURN QUERY
     WITH w AS (
         -- the transactions still running at lo, then those after it, each
@@ -417,7 +406,7 @@ BEGIN
          ORDER BY o.tx, o.seq LIMIT n + 1)
         UNION ALL
         (SELECT o.* FROM {table} AS o
-         WHERE (o.tx, o.seq) > (s_tx, s_seq) AND o.tx < pg_snapshot_xmax(hi) AND pg_visible_in_snapshot(o.tx, hi)
+         WHERE {aftercursor} AND o.tx < pg_snapshot_xmax(hi) AND pg_visible_in_snapshot(o.tx, hi)
          ORDER BY o.tx, o.seq LIMIT n + 1)
     ), f AS (SELECT * FROM w ORDER BY w.tx, w.seq LIMIT n + 1),
     r AS (SELECT f.*, row_number() OVER (ORDER BY f.tx, f.seq) AS rn,

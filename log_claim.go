@@ -57,17 +57,13 @@ func newLogStore(s *Store, l logTables) *logStore {
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
 	// The messages of batch $1 that no gen published or failed, with
 	// whether their key is blocked: it has a message in the failed table,
-	// or another unfinished batch (from $8 on) holds it. The range of the
-	// tx index begins at the batch's cursor or at xmin(lo), whichever is
-	// later: from the cursor 0 of a window's first batch, it would read
-	// the index from the partition's first event.
+	// or another unfinished batch (from $8 on) holds it. The window's
+	// transactions begin at xmin(lo).
 	ls.reclaimSQL = r.Replace(`WITH ` + inflightCTE("$8", "$1") + `
 SELECT {columns}, 0, '', NULL::timestamptz, NULL::timestamptz, o.ord, {blocked} FROM {table} AS o, inflight AS i
 WHERE (o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($2::pg_snapshot))) OR (o.tx >= pg_snapshot_xmax($2::pg_snapshot) AND o.tx < pg_snapshot_xmax($3::pg_snapshot)))
   AND pg_visible_in_snapshot(o.tx, $3::pg_snapshot)
-  AND (o.tx, o.seq) > (greatest($4::xid8, pg_snapshot_xmin($2::pg_snapshot)),
-                       CASE WHEN $4::xid8 >= pg_snapshot_xmin($2::pg_snapshot) THEN $5::bigint ELSE -9223372036854775808 END)
-  AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
+  AND ` + afterCursor("$4::xid8", "$5::bigint", "pg_snapshot_xmin($2::pg_snapshot)") + ` AND (o.tx, o.seq) <= ($6::xid8, $7::bigint)
   AND o.seq <> ALL(ARRAY(SELECT unnest(d.seqs) FROM {settle} AS d WHERE d.batch_id = $1 AND d.kind IN ('p', 'f')))
 ORDER BY o.tx, o.seq`)
 	// The same of a batch of an ordered table's window, taken in ord.
@@ -167,6 +163,16 @@ func logBlocked(t table, l logTables) string {
 // between runs) and its ids begun again.
 func lowOrZero(low string) string {
 	return `(CASE WHEN ` + low + `::bigint > (SELECT coalesce(max(batch_id), 0) FROM {batch}) THEN 0 ELSE ` + low + `::bigint END)`
+}
+
+// afterCursor bounds a range of the tx index (o.tx, o.seq) from below:
+// after the cursor (tx, seq), and from transaction from on, whichever is
+// later, as one row comparison. Given the two bounds apart, PostgreSQL's
+// index scan may begin at the lower one; from a cursor of 0 (a window's
+// first batch) that is the first event of the partition, and every claim
+// read the whole index (TestLogClaimReadsNoHistory).
+func afterCursor(tx, seq, from string) string {
+	return `(o.tx, o.seq) > (greatest(` + tx + `, ` + from + `), CASE WHEN ` + tx + ` >= ` + from + ` THEN ` + seq + ` ELSE -9223372036854775808 END)`
 }
 
 // inflightCTE names "u", the unfinished batches from batch low on other
