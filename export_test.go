@@ -68,3 +68,8 @@ func LogLookEvery(s *Store) time.Duration {
 	defer s.log.mu.Unlock()
 	return s.log.lookEvery
 }
+
+// LogClaimSQL and LogSettleSQL return the statements with which the log
+// store of s claims a batch and settles messages of one.
+func LogClaimSQL(s *Store) string  { return s.log.claimSQL }
+func LogSettleSQL(s *Store) string { return s.log.settleSQL }

@@ -107,7 +107,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
 		"{version}", fmt.Sprint(logVersion), "{ordered}", t.orderedNow(),
 		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
-		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"),
+		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
 		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key"))}, more...)...)
 }
 
@@ -309,6 +309,9 @@ DECLARE
     held     text[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('{lockkey}', 0));
+    -- The batch row need not reach the disk before the claim returns: see
+    -- asyncCommit.
+    PERFORM {asynccommit};
     ordered := {ordered};
     IF ordered THEN
         WITH {inflight}

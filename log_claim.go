@@ -26,6 +26,7 @@ type logStore struct {
 	l logTables
 
 	claimSQL, reclaimSQL, reclaimOrdSQL, unfinishedSQL string
+	settleSQL                                          string
 	failedClaimSQL, failedClaimOrdSQL, divertSQL       string
 
 	mu       sync.Mutex
@@ -55,6 +56,11 @@ func newLogStore(s *Store, l logTables) *logStore {
 		"{blocked}", logBlocked(s.t, l), "{ordered}", s.t.orderedNow())
 	ls := &logStore{s: s, l: l, lookEvery: lookEvery, now: time.Now}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
+	// What became of messages $4 of gen $2 of batch $1 (kind $3), unless
+	// a later gen took the batch over.
+	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)
+SELECT $1, $2, $3::"char", $4::bigint[] FROM (SELECT ` + asyncCommit + `) AS a
+WHERE NOT EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen > $2)`)
 	// The messages of batch $1 that no gen published or failed, with
 	// whether their key is blocked: it has a message in the failed table,
 	// or another unfinished batch (from $8 on) holds it. The window's

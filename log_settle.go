@@ -87,10 +87,22 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 	return nil
 }
 
+// asyncCommit, evaluated in a statement, makes its transaction commit
+// without waiting for its WAL to reach the disk (synchronous_commit off,
+// for that transaction only). A log table's claims and the settles of its
+// batches commit so: they are the relay's bookkeeping, two commits per
+// batch or more, and each would otherwise wait for a flush of the WAL.
+// What a crash of the database can lose of them is the last few hundred
+// milliseconds (at most three times wal_writer_delay), and losing them
+// only makes the relay publish those messages again: a lost batch row
+// makes the next claim take its window again, a lost settle leaves its
+// messages to be taken over. It never loses a message: the WAL is written
+// in order, so a record that did reach the disk (a later batch, a purge
+// that relied on the settles) brings every earlier commit with it.
+const asyncCommit = `set_config('synchronous_commit', 'off', true)`
+
 func (ls *logStore) settleBatch(ctx context.Context, db *sql.DB, kind byte, ref batchRef, ids []string, seqs []int64) (map[string]bool, error) {
-	res, err := db.ExecContext(ctx, `INSERT INTO `+ls.l.settle+` (batch_id, gen, kind, seqs)
-SELECT $1, $2, $3::"char", $4::bigint[] WHERE NOT EXISTS (SELECT 1 FROM `+ls.l.batch+` WHERE batch_id = $1 AND gen > $2)`,
-		ref.batch, ref.gen, string(kind), seqs)
+	res, err := db.ExecContext(ctx, ls.settleSQL, ref.batch, ref.gen, string(kind), seqs)
 	if err != nil {
 		return nil, err
 	}

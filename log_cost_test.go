@@ -1,0 +1,225 @@
+package outbox_test
+
+// What a claim of a log table costs the database: the index blocks and
+// heap blocks it reads, the looks it makes while idle, and the commits
+// it waits for.
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// TestLogClaimReadsNoHistory: a claim reads the index of the events it
+// may take, not of those relayed before it. A claim that opens a window
+// (and a take-over of a window's first batch) had two lower bounds on tx,
+// one of them a row comparison from 0, and PostgreSQL's index scan began
+// at the lower: every claim read the index entries of every event of the
+// partition, and slowed down as it filled (the 1,000/s bench's last fifth
+// 8 times slower than its first). The index reads of a store on a pool of
+// one session are counted from PostgreSQL's statistics, flushed after it.
+func TestLogClaimReadsNoHistory(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	const history = 20_000
+	b.insertMany(t, history)
+	old, err := b.store.Claim(ctx, history, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, old, history)
+	require.NoError(t, b.store.MarkPublished(ctx, old...))
+
+	store, reads := b.countingStore(t, "idx_blks")
+	b.addCommitted(t, events(3)...)
+
+	claim := func(lease time.Duration) ([]outbox.Message, int64) {
+		before := reads()
+		msgs, err := store.Claim(ctx, 100, lease)
+		require.NoError(t, err)
+		return msgs, reads() - before
+	}
+	fresh, n := claim(time.Millisecond)
+	require.Len(t, fresh, 3, "the new window")
+	assert.Less(t, n, int64(20), "index blocks read by a claim that opens a window after %d events", history)
+
+	// Once the lease is over by the database's clock, which judges it, and
+	// the store's next look for lapsed leases is due by its own (the
+	// test's), the batch is taken over and its window read again.
+	for deadline := time.Now().Add(10 * time.Second); dbtest.Count(t, b.db, `SELECT count(*) FROM (SELECT WHERE now() > $1) AS x`, fresh[0].ClaimedUntil) == 0; {
+		require.True(t, time.Now().Before(deadline), "the lease of 1ms not over in 10s")
+	}
+	later := time.Now().Add(time.Hour)
+	outbox.SetLogClock(store, func() time.Time { return later })
+	again, n := claim(time.Minute)
+	require.Equal(t, ids(fresh), ids(again), "taken over")
+	assert.Less(t, n, int64(20), "index blocks read by the take-over")
+}
+
+// insertMany commits n events of one byte in one statement.
+func (b *testBundle) insertMany(t *testing.T, n int) {
+	t.Helper()
+	_, err := b.db.ExecContext(context.Background(), `INSERT INTO "`+b.table+`" (id, event_type, payload)
+SELECT gen_random_uuid(), 'many', '\x00' FROM generate_series(1, $1)`, n)
+	require.NoError(t, err)
+}
+
+// countingStore returns a store of the table on a pool of one session,
+// and a function that returns how many blocks of the first partition
+// (column prefix idx_blks or heap_blks) all sessions have read so far,
+// counted after that session's statistics are flushed.
+func (b *testBundle) countingStore(t *testing.T, blocks string) (*outbox.Store, func() int64) {
+	t.Helper()
+	ctx := context.Background()
+	one := dbtest.NewDB(t)
+	one.SetMaxOpenConns(1)
+	store, err := outbox.NewStore(one, &outbox.StoreConfig{Table: b.table, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	_, err = store.Layout(ctx) // read once, outside the counts
+	require.NoError(t, err)
+	return store, func() int64 {
+		// The session's statistics reach the shared ones when it goes
+		// idle after a statement that forces it, before it answers.
+		_, err := one.ExecContext(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		return dbtest.Count(t, b.db, `SELECT coalesce(sum(`+blocks+`_hit + `+blocks+`_read), 0)::bigint FROM pg_statio_all_tables
+WHERE relid = $1::regclass`, `"`+b.table+`_p00"`)
+	}
+}
+
+// TestLogClaimOnAnalysedBacklog: the claims of a backlog that autovacuum
+// has analysed use the generic plan (index scans in index order, under
+// LIMIT). Custom plans, made for each call's values, took the partition's
+// statistics to mean that the window is most of the table and read all of
+// it: 23-50 ms a claim, for the first five claims of every session and
+// again after each ANALYZE or TRUNCATE of a partition.
+func TestLogClaimOnAnalysedBacklog(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	const backlog = 20_000
+	b.insertMany(t, backlog)
+	_, err := b.db.ExecContext(ctx, `ANALYZE "`+b.table+`"`)
+	require.NoError(t, err)
+
+	store, reads := b.countingStore(t, "heap_blks")
+	for i := range 6 { // custom plans for the first five, unless told otherwise
+		before := reads()
+		msgs, err := store.Claim(ctx, 100, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, msgs, 100)
+		assert.Less(t, reads()-before, int64(20), "heap blocks read by claim %d of 100 of an analysed backlog of %d", i+1, backlog)
+	}
+}
+
+// TestLogIdleLooksBackOff: while claims find nothing, a store looks for
+// batches to take over and for failed messages due again less and less
+// often (twice as long after each look, up to a quarter of the lease and
+// at most 2s); a claim that finds work, a release or a failure in the
+// process makes them frequent again. The store's clock is the test's.
+func TestLogIdleLooksBackOff(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	_, err := b.store.Layout(ctx)
+	require.NoError(t, err)
+	now := time.Now()
+	outbox.SetLogClock(b.store, func() time.Time { return now })
+	idle := func(claims int, lease time.Duration) {
+		for range claims {
+			now = now.Add(100 * time.Millisecond)
+			msgs, err := b.store.Claim(ctx, 10, lease)
+			require.NoError(t, err)
+			require.Empty(t, msgs)
+		}
+	}
+	require.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store))
+	idle(40, 30*time.Second)
+	assert.Equal(t, 2*time.Second, outbox.LogLookEvery(b.store), "idle, a lease of 30s")
+
+	b.addCommitted(t, events(1)...)
+	msgs, err := b.store.Claim(ctx, 10, 30*time.Second)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	assert.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store), "after a claim that found work")
+	require.NoError(t, b.store.MarkPublished(ctx, msgs...))
+
+	idle(40, 2*time.Second)
+	assert.Equal(t, 500*time.Millisecond, outbox.LogLookEvery(b.store), "idle, a lease of 2s: a quarter of it")
+	idle(10, time.Minute)
+	require.Equal(t, 2*time.Second, outbox.LogLookEvery(b.store))
+	b.addCommitted(t, events(1)...)
+	msgs, err = b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	idle(10, time.Minute)
+	require.NoError(t, b.store.Release(ctx, msgs...))
+	assert.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store), "after a release in the process")
+}
+
+// TestLogBookkeepingCommitsAsynchronously: a claim's transaction and a
+// settle's commit with synchronous_commit off (for that transaction only),
+// so that the relay's two commits a batch or more do not each wait for a
+// flush of the WAL; a database crash can then cost duplicates, never a
+// message (outbox.asyncCommit). The statements are run in a transaction
+// of the test's, which can read the setting they leave.
+func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(3)...)
+	conn, err := b.db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	setting := func(q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}) string {
+		var s string
+		require.NoError(t, q.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&s))
+		return s
+	}
+	require.Equal(t, "on", setting(conn), "the session's own setting")
+
+	tx, err := conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	var (
+		batch int64
+		seqs  []int64
+	)
+	rows, err := tx.QueryContext(ctx, outbox.LogClaimSQL(b.store), 10, time.Minute.Microseconds(), 1<<20, uuid.NewString(), 0)
+	require.NoError(t, err)
+	for rows.Next() {
+		cols, err := rows.Columns()
+		require.NoError(t, err)
+		vals := make([]any, len(cols))
+		for i := range vals {
+			vals[i] = new(any)
+		}
+		require.NoError(t, rows.Scan(vals...))
+		batch = (*vals[0].(*any)).(int64)
+		seqs = append(seqs, (*vals[3].(*any)).(int64))
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, seqs, 3)
+	assert.Equal(t, "off", setting(tx), "after a claim")
+	require.NoError(t, tx.Commit())
+	assert.Equal(t, "on", setting(conn), "for the claim's transaction only")
+
+	tx, err = conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	res, err := tx.ExecContext(ctx, outbox.LogSettleSQL(b.store), batch, 0, "p", seqs)
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "the settle was recorded")
+	assert.Equal(t, "off", setting(tx), "after a settle")
+	require.NoError(t, tx.Commit())
+	assert.Equal(t, "on", setting(conn), "for the settle's transaction only")
+
+	none, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	assert.Empty(t, none, "the batch claimed and settled by hand is done")
+}
