@@ -13,9 +13,14 @@ help: ## list the targets
 LOG_SMOKE = TestRelayKilledMidBatch|TestSettleRetriedAfterSessionsTerminated|TestTwoRelaysOneTable|TestConnectionCutMidStream|TestGracefulShutdownReleasesClaims|TestUnroutableMessageFailsAndParks|TestBrokerClosesConnection|TestPipeline|TestOrderedUnroutableHeadHoldsItsKey
 
 .PHONY: test
-test: ## run every test with the race detector against local PostgreSQL and RabbitMQ, and the relay's fault tests again on the log layout
-	$(GO) test -race -count=1 -timeout 8m ./...
+test: ## run every test with the race detector against local PostgreSQL and RabbitMQ (the ordered chaos test on 5,000 messages), and the relay's fault tests again on the log layout
+	OUTBOX_CHAOS_MESSAGES=5000 $(GO) test -race -count=1 -timeout 8m ./...
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 4m -run '$(LOG_SMOKE)' ./relay
+
+.PHONY: test/chaos
+test/chaos: ## the ordered chaos test at full size (20,000 messages, four relays, kills), on both layouts
+	$(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
+	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
 
 .PHONY: test/log
 test/log: ## the relay's whole suite on tables of the log layout (OUTBOX_TEST_LAYOUT=log)
