@@ -230,6 +230,7 @@ type bencher struct {
 	lastMinute      time.Duration  // p99 of the last minute of the last latency run (runs over two minutes)
 	deadBefore      int64          // the table's dead row versions before and after the last latency run
 	deadAfter       int64
+	walDuring       int64 // WAL flushes of the whole server during the last relay run of a throughput run, -1 if unknown
 }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
@@ -253,8 +254,8 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 			return err
 		}
 		broker, shaped, relayed, outOfOrder = append(broker, limit), append(shaped, limitShaped), append(relayed, rate), outOfOrder+late
-		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s; %d dead row versions left by the run%s; relay: %s\n",
-			run, limit, limitShaped, rate, b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
+		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s%s; %d dead row versions left by the run%s; relay: %s\n",
+			run, limit, limitShaped, rate, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
 		if b.o.ordered {
 			rate, late, err := b.relayRun(ctx, b.orderedStore)
 			if err != nil {
@@ -504,6 +505,7 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 	if err != nil {
 		return 0, 0, err
 	}
+	wal := b.walFlushes(ctx)
 	start := time.Now()
 	stop, err := b.startRelay(ctx, store, onFail)
 	if err != nil {
@@ -511,6 +513,11 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 	}
 	err = wait()
 	elapsed := time.Since(start)
+	if b.walDuring = -1; wal >= 0 {
+		if now := b.walFlushes(ctx); now >= 0 {
+			b.walDuring = now - wal
+		}
+	}
 	st := stop()
 	failMu.Lock()
 	if relayErr != nil {

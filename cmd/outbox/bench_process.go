@@ -88,6 +88,26 @@ WHERE relid = to_regclass($1) OR relid IN (SELECT inhrelid FROM pg_inherits WHER
 	return n
 }
 
+// walFlushes returns how many times the server has flushed its WAL
+// (pg_stat_wal.wal_sync, the whole server's, PostgreSQL 14 and later), or
+// -1 when it cannot tell.
+func (b *bencher) walFlushes(ctx context.Context) int64 {
+	n := int64(-1)
+	if err := b.db.QueryRowContext(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// walText says how many WAL flushes the last relay run cost the server,
+// when it could tell.
+func (b *bencher) walText() string {
+	if b.walDuring < 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the server flushed its WAL %d times while the relay ran", b.walDuring)
+}
+
 // bookkeeping describes, in the log layout, the rows and dead row versions
 // of the tables beside the events one; "" in the rows layout.
 func (b *bencher) bookkeeping(ctx context.Context) string {
