@@ -21,9 +21,12 @@ var (
 	// without its own *sql.DB.
 	ErrNoPool = errors.New("outbox: store has no database pool: pass the relay's own *sql.DB to NewStore to claim, mark, count or purge")
 
-	// ErrInvalidTable is returned, wrapped with the offending name, when a
-	// table name is not a plain, optionally schema-qualified, identifier.
-	ErrInvalidTable = errors.New("outbox: invalid table name")
+	// ErrInvalidTable is returned, wrapped with the reason, when a table
+	// name is not a plain, optionally schema-qualified, identifier ("invalid
+	// table name …"), or when a table is not one this version of the
+	// library can use: of neither layout, or of a log layout of another
+	// version (the error says how to bring it up to date).
+	ErrInvalidTable = errors.New("outbox: invalid table")
 
 	// ErrInvalidEvent is returned, wrapped with the reason, when an event
 	// cannot be written (no type, say). Nothing is written.

@@ -34,11 +34,11 @@ type table struct {
 // that a name can never change the meaning of the SQL it is placed in.
 func parseTable(s string) (table, error) {
 	if s == "" {
-		return table{}, fmt.Errorf("%w: the name is empty; leave StoreConfig.Table unset for %q", ErrInvalidTable, TableDefault)
+		return table{}, fmt.Errorf("%w name: the name is empty; leave StoreConfig.Table unset for %q", ErrInvalidTable, TableDefault)
 	}
 	t, err := sqlident.ParseTable(s)
 	if err != nil {
-		return table{}, fmt.Errorf("%w %v", ErrInvalidTable, err)
+		return table{}, fmt.Errorf("%w name %v", ErrInvalidTable, err)
 	}
 	return table{quoted: t.Quoted, name: t.Name, full: s}, nil
 }

@@ -233,7 +233,7 @@ type pgxQuerier interface {
 func read(ctx context.Context, src any, table string) ([]Event, error) {
 	t, err := sqlident.ParseTable(table)
 	if err != nil {
-		return nil, fmt.Errorf("%w %v", outbox.ErrInvalidTable, err)
+		return nil, fmt.Errorf("%w name %v", outbox.ErrInvalidTable, err)
 	}
 	q := fmt.Sprintf(eventsQuery, t.Quoted)
 	type scanner interface {
