@@ -189,18 +189,13 @@ func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
 		batch int64
 		seqs  []int64
 	)
-	rows, err := tx.QueryContext(ctx, outbox.LogClaimSQL(b.store), 10, time.Minute.Microseconds(), 1<<20, uuid.NewString(), 0)
+	rows, err := tx.QueryContext(ctx, `SELECT c.batch_id, c.seq FROM (`+outbox.LogClaimSQL(b.store)+`) AS c`,
+		10, time.Minute.Microseconds(), 1<<20, uuid.NewString(), 0)
 	require.NoError(t, err)
 	for rows.Next() {
-		cols, err := rows.Columns()
-		require.NoError(t, err)
-		vals := make([]any, len(cols))
-		for i := range vals {
-			vals[i] = new(any)
-		}
-		require.NoError(t, rows.Scan(vals...))
-		batch = (*vals[0].(*any)).(int64)
-		seqs = append(seqs, (*vals[3].(*any)).(int64))
+		var seq int64
+		require.NoError(t, rows.Scan(&batch, &seq))
+		seqs = append(seqs, seq)
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, seqs, 3)

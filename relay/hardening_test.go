@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/url"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -213,10 +211,7 @@ func TestPermanentErrorsAreLoggedAsSuch(t *testing.T) {
 // count (the figure is for 50,000).
 func TestSettleRetriedAfterSessionsTerminated(t *testing.T) {
 	t.Parallel()
-	n := 10_000
-	if v, err := strconv.Atoi(os.Getenv("OUTBOX_SOAK_MESSAGES")); err == nil && v > 0 {
-		n = v
-	}
+	n := envInt(t, "OUTBOX_SOAK_MESSAGES", 10_000)
 	const kills = 12
 	b := setup(t, nil)
 	b.write(t, n, 500, small)

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -114,10 +112,7 @@ func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
 // both layouts.
 func TestOrderedChaos(t *testing.T) {
 	t.Parallel()
-	total := 20_000
-	if v, err := strconv.Atoi(os.Getenv("OUTBOX_CHAOS_MESSAGES")); err == nil && v > 0 {
-		total = v
-	}
+	total := envInt(t, "OUTBOX_CHAOS_MESSAGES", 20_000)
 	const writers = 4
 	keys := max(total/20, 1)
 	log := amqptest.NewOrderLog()

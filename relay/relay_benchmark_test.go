@@ -19,6 +19,8 @@ import (
 	"github.com/acemq/outbox/relay"
 )
 
+// envInt reads a positive count from the environment variable name, def
+// when it is unset.
 func envInt(tb testing.TB, name string, def int) int {
 	v := os.Getenv(name)
 	if v == "" {
@@ -26,6 +28,7 @@ func envInt(tb testing.TB, name string, def int) int {
 	}
 	n, err := strconv.Atoi(v)
 	require.NoError(tb, err, name)
+	require.Positive(tb, n, name)
 	return n
 }
 

@@ -513,10 +513,9 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 	}
 	err = wait()
 	elapsed := time.Since(start)
-	if b.walDuring = -1; wal >= 0 {
-		if now := b.walFlushes(ctx); now >= 0 {
-			b.walDuring = now - wal
-		}
+	b.walDuring = -1
+	if now := b.walFlushes(ctx); wal >= 0 && now >= 0 {
+		b.walDuring = now - wal
 	}
 	st := stop()
 	failMu.Lock()

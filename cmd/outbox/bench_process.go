@@ -92,7 +92,7 @@ WHERE relid = to_regclass($1) OR relid IN (SELECT inhrelid FROM pg_inherits WHER
 // (pg_stat_wal.wal_sync, the whole server's, PostgreSQL 14 and later), or
 // -1 when it cannot tell.
 func (b *bencher) walFlushes(ctx context.Context) int64 {
-	n := int64(-1)
+	var n int64
 	if err := b.db.QueryRowContext(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n); err != nil {
 		return -1
 	}
