@@ -30,7 +30,7 @@ type benchOptions struct {
 	messages, batch, inFlight, perTx, writers, size, prefetch, ackEvery, runs, keys int
 	published, pending, blocked                                                     int
 	rate                                                                            float64
-	notify, noWake, ordered, claims, relayProcess, holdSnapshot                     bool
+	notify, noWake, ordered, claims, relayProcess, holdSnapshot, floor              bool
 	layout                                                                          string
 	databaseURL                                                                     string // for --relay-process
 }
@@ -56,6 +56,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
 	c.fs.BoolVar(&o.holdSnapshot, "hold-snapshot", false, "hold a REPEATABLE READ snapshot open for the whole bench, as a long report query or a forgotten BEGIN does: VACUUM can then remove no dead row version younger than it")
+	c.fs.BoolVar(&o.floor, "floor", true, "with --rate: before the relay's phase of each run, measure the floor under its figures on this machine: the same writers at the same rate publishing each message themselves right after its commit, with no relay")
 	c.fs.BoolVar(&o.relayProcess, "relay-process", false, "run the relay as another process (outbox relay, this binary), as it runs in production: no in-process wake-ups, its own pool and GC")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")
 	c.fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many keys, in turn (default 0: a key of its own for each message); with --rate 0 only")
@@ -227,7 +228,6 @@ type bencher struct {
 	payload         []byte
 	stderr          io.Writer
 	phases          *phaseObserver // of the last relay run
-	lastMinute      time.Duration  // p99 of the last minute of the last latency run (runs over two minutes)
 	deadBefore      int64          // the table's dead row versions before and after the last latency run
 	deadAfter       int64
 	walDuring       int64 // WAL flushes of the whole server during the last relay run of a throughput run, -1 if unknown

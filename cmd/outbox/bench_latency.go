@@ -11,32 +11,67 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/relay"
 )
 
+// latencies are the commit-to-consume times of one run.
+type latencies struct {
+	sorted     []time.Duration
+	fifths     [2]time.Duration // p50 of the first and of the last fifth of the messages, by commit time
+	lastMinute time.Duration    // p99 of the last minute's commits, in a run of more than two minutes
+}
+
+// pcts are the percentiles the latency bench reports.
+var pcts = []float64{0.5, 0.9, 0.99, 1}
+
+// latencyFigures gathers the percentiles of the runs.
+type latencyFigures struct {
+	p           [4]figure // of pcts
+	first, last figure
+}
+
+func (f *latencyFigures) add(l latencies) {
+	for i, p := range pcts {
+		f.p[i] = append(f.p[i], ms(percentile(l.sorted, p)))
+	}
+	f.first, f.last = append(f.first, ms(l.fifths[0])), append(f.last, ms(l.fifths[1]))
+}
+
+func (f *latencyFigures) String() string {
+	return fmt.Sprintf("p50 %s, p90 %s, p99 %s, max %s; p50 of the first fifth %s, of the last fifth %s",
+		f.p[0].format("%.1f", " ms"), f.p[1].format("%.1f", " ms"), f.p[2].format("%.1f", " ms"), f.p[3].format("%.1f", " ms"),
+		f.first.format("%.1f", " ms"), f.last.format("%.1f", " ms"))
+}
+
 // latency writes one message per transaction at the configured rate,
 // shared by the writers, while the relay runs, and reports the time from
-// each commit to its first delivery.
+// each commit to its first delivery. Unless --floor=false, each run first
+// measures the floor under that figure on this machine: the same writers
+// at the same rate, each publishing its message itself right after its
+// commit (what an application without an outbox does, with no guarantee),
+// so that everything but the relay loads the machine as in the relay's
+// phase.
 func (b *bencher) latency(ctx context.Context, out io.Writer) error {
-	pcts := []float64{0.5, 0.9, 0.99, 1}
-	figures := make([]figure, len(pcts))
-	var first, last figure // p50 of the first and the last fifth of the run, by commit time
+	var relayed, direct latencyFigures
 	for run := 1; run <= b.o.runs; run++ {
-		lat, fifths, err := b.latencyRun(ctx)
+		floor := ""
+		if b.o.floor {
+			l, err := b.latencyRun(ctx, true)
+			if err != nil {
+				return err
+			}
+			direct.add(l)
+			floor = fmt.Sprintf("; publishing directly after each commit: p50 %.1fms p99 %.1fms%s", ms(percentile(l.sorted, 0.5)), ms(percentile(l.sorted, 0.99)), lastMinuteText(l))
+		}
+		l, err := b.latencyRun(ctx, false)
 		if err != nil {
 			return err
 		}
-		slices.Sort(lat)
-		for i, p := range pcts {
-			figures[i] = append(figures[i], ms(percentile(lat, p)))
-		}
-		first, last = append(first, ms(fifths[0])), append(last, ms(fifths[1]))
-		lastMinute := ""
-		if b.lastMinute > 0 {
-			lastMinute = fmt.Sprintf(", last minute p99 %.1fms", ms(b.lastMinute))
-		}
-		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms%s; %d dead row versions left by the run%s; relay: %s\n",
-			run, figures[0][run-1], figures[2][run-1], first[run-1], last[run-1], lastMinute, b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
+		relayed.add(l)
+		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms%s; %d dead row versions left by the run%s; relay: %s%s\n",
+			run, ms(percentile(l.sorted, 0.5)), ms(percentile(l.sorted, 0.99)), ms(l.fifths[0]), ms(l.fifths[1]), lastMinuteText(l),
+			b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases, floor)
 	}
 	where := "in the bench's process"
 	if b.o.relayProcess {
@@ -44,23 +79,33 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 	} else if b.o.noWake {
 		where = "in the bench's process, ignoring its wake-ups"
 	}
-	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction, relay %s: p50 %s, p90 %s, p99 %s, max %s; p50 of the first fifth %s, of the last fifth %s\n",
-		b.o.rate, b.o.writers, where, figures[0].format("%.1f", " ms"), figures[1].format("%.1f", " ms"), figures[2].format("%.1f", " ms"), figures[3].format("%.1f", " ms"),
-		first.format("%.1f", " ms"), last.format("%.1f", " ms"))
+	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction, relay %s: %s\n", b.o.rate, b.o.writers, where, &relayed)
+	if b.o.floor {
+		fmt.Fprintf(out, "bench: the floor, the same writers publishing each message themselves right after its commit (no relay, no guarantee): %s\n", &direct)
+	}
 	return nil
 }
 
-// latencyRun returns every message's commit-to-consume time, and the p50
-// of the first and of the last fifth of the messages by commit time: a
-// relay that falls behind its writers shows as a last fifth slower than
-// the first.
-func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Duration, error) {
-	var fifths [2]time.Duration
-	if _, err := b.db.ExecContext(ctx, b.truncateSQL()); err != nil {
-		return nil, fifths, err
+func lastMinuteText(l latencies) string {
+	if l.lastMinute == 0 {
+		return ""
 	}
-	b.deadBefore = b.deadTuples(ctx) // PostgreSQL's count runs on across a TRUNCATE
-	defer func() { b.deadAfter = b.deadTuples(ctx) }()
+	return fmt.Sprintf(", last minute p99 %.1fms", ms(l.lastMinute))
+}
+
+// latencyRun returns every message's commit-to-consume time. The relay
+// delivers them, or, when direct is set, each writer publishes its
+// message itself after its commit, on a channel in confirm mode that all
+// share (confirms pipelined, as brokerOnly publishes), while no relay runs.
+func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error) {
+	var l latencies
+	if _, err := b.db.ExecContext(ctx, b.truncateSQL()); err != nil {
+		return l, err
+	}
+	if !direct {
+		b.deadBefore = b.deadTuples(ctx) // PostgreSQL's count runs on across a TRUNCATE
+		defer func() { b.deadAfter = b.deadTuples(ctx) }()
+	}
 	var (
 		mu        sync.Mutex
 		committed = make(map[string]time.Time, b.o.messages)
@@ -74,13 +119,23 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Dura
 		mu.Unlock()
 	})
 	if err != nil {
-		return nil, fifths, err
+		return l, err
 	}
-	stop, err := b.startRelay(ctx, b.store, nil)
-	if err != nil {
-		return nil, fifths, err
+	publish := func(string) error { return nil }
+	if direct {
+		p, confirmed, err := b.directPublisher(ctx)
+		if err != nil {
+			return l, err
+		}
+		publish = p
+		defer confirmed()
+	} else {
+		stop, err := b.startRelay(ctx, b.store, nil)
+		if err != nil {
+			return l, err
+		}
+		defer stop()
 	}
-	defer stop()
 
 	// Each writer writes every writers-th message on its own schedule.
 	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / b.o.rate)
@@ -107,20 +162,74 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Dura
 				mu.Lock()
 				committed[key] = now
 				mu.Unlock()
+				if err := publish(key); err != nil {
+					errs <- err
+					return
+				}
 			}
 			errs <- nil
 		}()
 	}
 	for range b.o.writers {
 		if err := <-errs; err != nil {
-			return nil, fifths, err
+			return l, err
 		}
 	}
 	if err := wait(); err != nil {
-		return nil, fifths, err
+		return l, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	return measure(committed, arrived)
+}
+
+// directPublisher returns a function that publishes the message of a key
+// as the relay would have (relay.Publishing), without waiting for its
+// confirm, and one that waits for every confirm and closes the channel.
+func (b *bencher) directPublisher(ctx context.Context) (func(key string) error, func(), error) {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, nil, err
+	}
+	var (
+		mu       sync.Mutex
+		confirms []*amqp.DeferredConfirmation
+	)
+	publish := func(key string) error {
+		msg := relay.Publishing(&outbox.Message{ID: "direct-" + key, Key: key, EventType: "bench.tick", ContentType: "application/json",
+			CreatedAt: time.Now(), Payload: b.payload})
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, "bench.tick", true, false, msg)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		confirms = append(confirms, dc)
+		mu.Unlock()
+		return nil
+	}
+	confirmed := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, dc := range confirms {
+			if _, err := dc.WaitContext(ctx); err != nil {
+				break
+			}
+		}
+		_ = ch.Close()
+	}
+	return publish, confirmed, nil
+}
+
+// measure returns the commit-to-consume time of every message that
+// arrived, and the p50 of the first and of the last fifth of them by
+// commit time: a relay that falls behind its writers shows as a last
+// fifth slower than the first.
+func measure(committed, arrived map[string]time.Time) (latencies, error) {
+	var l latencies
 	type sample struct {
 		at  time.Time
 		lat time.Duration
@@ -132,7 +241,7 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Dura
 		}
 	}
 	if len(samples) < 5 {
-		return nil, fifths, fmt.Errorf("no latency measured")
+		return l, fmt.Errorf("no latency measured")
 	}
 	slices.SortFunc(samples, func(x, y sample) int { return x.at.Compare(y.at) })
 	lat := make([]time.Duration, len(samples))
@@ -142,11 +251,10 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Dura
 	fifth := len(lat) / 5
 	for i, part := range [][]time.Duration{slices.Clone(lat[:fifth]), slices.Clone(lat[len(lat)-fifth:])} {
 		slices.Sort(part)
-		fifths[i] = percentile(part, 0.5)
+		l.fifths[i] = percentile(part, 0.5)
 	}
 	// The p99 of the last minute's commits, in a run of more than two
 	// (the figure issue 20's targets are stated in).
-	b.lastMinute = 0
 	if end := samples[len(samples)-1].at; end.Sub(samples[0].at) > 2*time.Minute {
 		var last []time.Duration
 		for _, s := range samples {
@@ -155,7 +263,9 @@ func (b *bencher) latencyRun(ctx context.Context) ([]time.Duration, [2]time.Dura
 			}
 		}
 		slices.Sort(last)
-		b.lastMinute = percentile(last, 0.99)
+		l.lastMinute = percentile(last, 0.99)
 	}
-	return lat, fifths, nil
+	slices.Sort(lat)
+	l.sorted = lat
+	return l, nil
 }

@@ -270,9 +270,12 @@ func TestBench(t *testing.T) {
 	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--writers", "2", "--runs", "1")
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `commit to consume at 200 msgs/s, 2 writer\(s\), one message per transaction, relay in the bench's process: p50 \S+ ms \[\S+\], p90 \S+ ms \[\S+\], p99 \S+ ms \[\S+\], max \S+ ms \[\S+\]; p50 of the first fifth \S+ ms \[\S+\], of the last fifth \S+ ms`, out)
+	require.Regexp(t, `the floor, the same writers publishing each message themselves right after its commit \(no relay, no guarantee\): p50 \S+ ms \[\S+\], p90 \S+ ms \[\S+\], p99 \S+ ms \[\S+\], max \S+ ms \[\S+\]; p50 of the first fifth`, out)
+	require.Regexp(t, `publishing directly after each commit: p50 \S+ms p99 \S+ms`, errOut)
 	m := regexp.MustCompile(`scratch table (outbox_bench_[0-9a-f]+)`).FindStringSubmatch(errOut)
-	code, _, errOut2 := outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--runs", "1", "--hold-snapshot")
+	code, out2, errOut2 := outboxCmd(t, vars, "bench", "--messages", "100", "--rate", "200", "--runs", "1", "--hold-snapshot", "--floor=false")
 	require.Equal(t, 0, code, errOut2)
+	require.NotContains(t, out2+errOut2, "directly", "--floor=false measures no floor")
 	require.Contains(t, errOut2, "holding a REPEATABLE READ snapshot open until the end")
 	require.Regexp(t, `-?\d+ dead row versions left by the run`, errOut2)
 	// In ordered mode, on either layout (the table is made ordered: a
