@@ -73,3 +73,11 @@ func LogLookEvery(s *Store) time.Duration {
 // store of s claims a batch and settles messages of one.
 func LogClaimSQL(s *Store) string  { return s.log.claimSQL }
 func LogSettleSQL(s *Store) string { return s.log.settleSQL }
+
+// RowsSettleSQL returns the statements with which s claims, marks
+// published, releases and marks failed messages of a table of the rows
+// layout, in the table's current mode.
+func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) {
+	q := s.queriesNow()
+	return q.claim, q.markPublished, q.release, q.markFailed
+}

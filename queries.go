@@ -78,24 +78,28 @@ const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts 
 
 func newQueries(t table, ordered bool) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{ordered_now}", t.orderedNow(), "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
-		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing)
+		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing,
+		"{async}", `(SELECT `+asyncCommit+`) IS NOT NULL`)
 	// Nested texts are replaced in two steps.
 	r2 := func(q string) string { return r.Replace(r.Replace(q)) }
 	q := queries{
 		claim: r2(claimSQL),
 
 		// Fenced by the claim token: one statement per claim (a relay
-		// settles the messages of one claim together). The id = ANY
+		// settles the messages of one claim together). Claims, marks and
+		// releases commit asynchronously ({async}, see asyncCommit): a
+		// crash of the server that loses one costs duplicates, never a
+		// message; failures commit as every write does. The id = ANY
 		// condition keeps even a generic plan, cached while the table was
 		// small, on the primary key.
 		markPublished: r2(`UPDATE {table}
 SET published_at = now(), claimed_until = NULL, claim_token = NULL
-WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
+WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
 RETURNING id`),
 
 		release: r2(`UPDATE {table}
 SET claimed_until = NULL, claim_token = NULL
-WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
+WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
 RETURNING id`),
 
 		markFailed: r2(markFailedSQL + `
@@ -235,7 +239,7 @@ UPDATE {table} SET held = false WHERE id IN (SELECT id FROM targets)`),
 		q.markPublished = r2(`WITH changed AS (
 	UPDATE {table}
 	SET published_at = now(), claimed_until = NULL, claim_token = NULL
-	WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL
+	WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
 	RETURNING id, event_key
 ){unheld}
 SELECT id FROM changed`)
@@ -299,6 +303,7 @@ WHERE o.id = ANY(ARRAY(
 			FOR UPDATE SKIP LOCKED) AS candidates
 	) AS sized
 	WHERE before < $4))
+  AND {async}
 RETURNING {columns}`
 
 // orderedClaimSQL is the claim of ordered mode: the unordered claim, where
@@ -364,4 +369,5 @@ WHERE o.id = ANY(ARRAY(
 		WHERE NOT EXISTS (SELECT 1 FROM gaps AS g WHERE g.event_key = k.event_key AND g.gap < k.seq)
 	) AS sized
 	WHERE before < $4))
+  AND {async}
 RETURNING {columns}`

@@ -10,9 +10,9 @@
 // without a confirm are never marked: they are released, or left to their
 // lease, and published again. The result is at-least-once delivery, with
 // duplicates in rare cases (a relay that dies between the broker's confirm
-// and the mark, or, on a log table, whose bookkeeping commits without
-// waiting for the disk, a database server that crashes within a second of
-// the mark); consumers deduplicate on the AMQP message-id, which is the
+// and the mark, or, since the relay's bookkeeping commits without waiting
+// for the disk, a database server that crashes within a second of the
+// mark); consumers deduplicate on the AMQP message-id, which is the
 // outbox id.
 //
 // # Faults

@@ -1,0 +1,88 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+)
+
+// TestRowsBookkeepingCommitsAsynchronously: on a table of the rows layout,
+// in both modes, a claim, a mark and a release commit with
+// synchronous_commit off (for their own transaction only), as a log
+// table's claims and settles do (outbox.asyncCommit): a crash of the
+// database can then cost duplicates, never a message. The statements are
+// run in a transaction of the test's, which can read the setting they
+// leave; a failure is recorded as every write is, synchronously.
+func TestRowsBookkeepingCommitsAsynchronously(t *testing.T) {
+	for _, mode := range []outbox.Ordering{outbox.Unordered, outbox.OrderedByKey} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t, &outbox.StoreConfig{Ordering: mode})
+			b.addCommitted(t, events(4)...)
+			claim, markPublished, release, markFailed := outbox.RowsSettleSQL(b.store)
+			conn, err := b.db.Conn(ctx)
+			require.NoError(t, err)
+			defer conn.Close()
+			setting := func(q interface {
+				QueryRowContext(context.Context, string, ...any) *sql.Row
+			}) string {
+				var s string
+				require.NoError(t, q.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&s))
+				return s
+			}
+			require.Equal(t, "on", setting(conn), "the session's own setting")
+			// run runs a statement in a transaction of its own, and returns
+			// the ids it returned (its first column) with the setting it left.
+			run := func(what, query string, args ...any) ([]string, string) {
+				tx, err := conn.BeginTx(ctx, nil)
+				require.NoError(t, err, what)
+				rows, err := tx.QueryContext(ctx, query, args...)
+				require.NoError(t, err, what)
+				cols, err := rows.Columns()
+				require.NoError(t, err, what)
+				var ids []string
+				for rows.Next() {
+					var id string // or a failure's attempts
+					dest := []any{&id}
+					for range cols[1:] {
+						dest = append(dest, new(any))
+					}
+					require.NoError(t, rows.Scan(dest...), what)
+					ids = append(ids, id)
+				}
+				require.NoError(t, rows.Err(), what)
+				s := setting(tx)
+				require.NoError(t, tx.Commit(), what)
+				assert.Equal(t, "on", setting(conn), "%s: for its own transaction only", what)
+				return ids, s
+			}
+			token := uuid.NewString()
+			ids, s := run("a claim", claim, 10, time.Minute.Microseconds(), token, 1<<20)
+			require.Len(t, ids, 4, "the claim took the messages")
+			assert.Equal(t, "off", s, "after a claim")
+			published, s := run("a mark", markPublished, ids[:2], token)
+			assert.ElementsMatch(t, ids[:2], published, "marked published")
+			assert.Equal(t, "off", s, "after a mark")
+			released, s := run("a release", release, ids[2:], token)
+			assert.ElementsMatch(t, ids[2:], released, "released")
+			assert.Equal(t, "off", s, "after a release")
+			assert.Equal(t, int64(2), b.count(t, "published_at IS NOT NULL"), "the marks were recorded")
+
+			// A failure is recorded as every write is.
+			token = uuid.NewString()
+			ids, _ = run("a claim", claim, 10, time.Minute.Microseconds(), token, 1<<20)
+			require.Len(t, ids, 2, "what was released")
+			failed, s := run("a failure", markFailed, ids[0], token, "refused", time.Second.Microseconds(), 5)
+			require.Len(t, failed, 1, "the failure was recorded")
+			assert.Equal(t, "on", s, "after a failure")
+		})
+	}
+}
