@@ -31,13 +31,7 @@ func TestRowsBookkeepingCommitsAsynchronously(t *testing.T) {
 			conn, err := b.db.Conn(ctx)
 			require.NoError(t, err)
 			defer conn.Close()
-			setting := func(q interface {
-				QueryRowContext(context.Context, string, ...any) *sql.Row
-			}) string {
-				var s string
-				require.NoError(t, q.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&s))
-				return s
-			}
+			setting := func(q rowQuerier) string { return syncCommit(t, q) }
 			require.Equal(t, "on", setting(conn), "the session's own setting")
 			// run runs a statement in a transaction of its own, and returns
 			// the ids it returned (its first column) with the setting it left.
@@ -85,4 +79,69 @@ func TestRowsBookkeepingCommitsAsynchronously(t *testing.T) {
 			assert.Equal(t, "on", s, "after a failure")
 		})
 	}
+}
+
+// TestLogBookkeepingCommitsAsynchronously: a claim's transaction and a
+// settle's commit with synchronous_commit off (for that transaction only),
+// so that the relay's two commits a batch or more do not each wait for a
+// flush of the WAL; a database crash can then cost duplicates, never a
+// message (outbox.asyncCommit). The statements are run in a transaction
+// of the test's, which can read the setting they leave.
+func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(3)...)
+	conn, err := b.db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	setting := func(q rowQuerier) string { return syncCommit(t, q) }
+	require.Equal(t, "on", setting(conn), "the session's own setting")
+
+	tx, err := conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	var (
+		batch int64
+		seqs  []int64
+	)
+	rows, err := tx.QueryContext(ctx, `SELECT c.batch_id, c.seq FROM (`+outbox.LogClaimSQL(b.store)+`) AS c`,
+		10, time.Minute.Microseconds(), 1<<20, uuid.NewString(), 0)
+	require.NoError(t, err)
+	for rows.Next() {
+		var seq int64
+		require.NoError(t, rows.Scan(&batch, &seq))
+		seqs = append(seqs, seq)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, seqs, 3)
+	assert.Equal(t, "off", setting(tx), "after a claim")
+	require.NoError(t, tx.Commit())
+	assert.Equal(t, "on", setting(conn), "for the claim's transaction only")
+
+	tx, err = conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	res, err := tx.ExecContext(ctx, outbox.LogSettleSQL(b.store), batch, 0, "p", seqs)
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "the settle was recorded")
+	assert.Equal(t, "off", setting(tx), "after a settle")
+	require.NoError(t, tx.Commit())
+	assert.Equal(t, "on", setting(conn), "for the settle's transaction only")
+
+	none, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	assert.Empty(t, none, "the batch claimed and settled by hand is done")
+}
+
+// rowQuerier is a connection or a transaction.
+type rowQuerier interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}
+
+// syncCommit reads synchronous_commit through q.
+func syncCommit(t *testing.T, q rowQuerier) string {
+	t.Helper()
+	var s string
+	require.NoError(t, q.QueryRowContext(context.Background(), `SHOW synchronous_commit`).Scan(&s))
+	return s
 }
