@@ -29,12 +29,7 @@ import (
 func BenchmarkLogPurge(b *testing.B) {
 	ctx := context.Background()
 	db := dbtest.DB(b)
-	events := 100_000
-	if v := os.Getenv("OUTBOX_BENCH_PURGE_EVENTS"); v != "" {
-		var err error
-		events, err = strconv.Atoi(v)
-		require.NoError(b, err, "OUTBOX_BENCH_PURGE_EVENTS")
-	}
+	events := dbtest.EnvInt(b, "OUTBOX_BENCH_PURGE_EVENTS", 100_000)
 	// Partitions of a tenth of the events each, so that the history spans
 	// ten of the sixteen, as a day does with the defaults at 10M a day.
 	chunk := int64(max(events/10, 1))

@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -148,12 +147,7 @@ func BenchmarkClaimMarkPublished(b *testing.B) {
 func BenchmarkClaimWithHistory(b *testing.B) {
 	ctx := context.Background()
 	db := dbtest.DB(b)
-	history := 1_000_000
-	if v := os.Getenv("OUTBOX_BENCH_HISTORY"); v != "" {
-		var err error
-		history, err = strconv.Atoi(v)
-		require.NoError(b, err, "OUTBOX_BENCH_HISTORY")
-	}
+	history := dbtest.EnvInt(b, "OUTBOX_BENCH_HISTORY", 1_000_000)
 	for _, published := range []int{0, history} {
 		// Set up once, outside b.Run: the sub-benchmark runs more than once.
 		store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(b)})

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -23,10 +21,7 @@ import (
 // cost per message relative to the plain consumer's (issue 12's target:
 // at most 1.3).
 func BenchmarkInboxVsPlain(b *testing.B) {
-	n := 2000
-	if v, err := strconv.Atoi(os.Getenv("OUTBOX_BENCH_MESSAGES")); err == nil && v > 0 {
-		n = v
-	}
+	n := dbtest.EnvInt(b, "OUTBOX_BENCH_MESSAGES", 2000)
 	ctx := context.Background()
 	db := dbtest.DB(b)
 	table := dbtest.Table(b)

@@ -211,7 +211,7 @@ func TestPermanentErrorsAreLoggedAsSuch(t *testing.T) {
 // count (the figure is for 50,000).
 func TestSettleRetriedAfterSessionsTerminated(t *testing.T) {
 	t.Parallel()
-	n := envInt(t, "OUTBOX_SOAK_MESSAGES", 10_000)
+	n := dbtest.EnvInt(t, "OUTBOX_SOAK_MESSAGES", 10_000)
 	const kills = 12
 	b := setup(t, nil)
 	b.write(t, n, 500, small)

@@ -112,7 +112,7 @@ func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
 // both layouts.
 func TestOrderedChaos(t *testing.T) {
 	t.Parallel()
-	total := envInt(t, "OUTBOX_CHAOS_MESSAGES", 20_000)
+	total := dbtest.EnvInt(t, "OUTBOX_CHAOS_MESSAGES", 20_000)
 	const writers = 4
 	keys := max(total/20, 1)
 	log := amqptest.NewOrderLog()

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,25 +18,12 @@ import (
 	"github.com/acemq/outbox/relay"
 )
 
-// envInt reads a positive count from the environment variable name, def
-// when it is unset.
-func envInt(tb testing.TB, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	require.NoError(tb, err, name)
-	require.Positive(tb, n, name)
-	return n
-}
-
 // BenchmarkEndToEnd measures throughput from committed outbox rows to a
 // consumer: OUTBOX_BENCH_MESSAGES (default 50,000) small messages written
 // beforehand, then timed until the last one is consumed. msgs/s is the
 // figure; one relay, BatchSize 500.
 func BenchmarkEndToEnd(b *testing.B) {
-	n := envInt(b, "OUTBOX_BENCH_MESSAGES", 50_000)
+	n := dbtest.EnvInt(b, "OUTBOX_BENCH_MESSAGES", 50_000)
 	var total int
 	for range b.N {
 		b.StopTimer()
@@ -62,8 +48,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 // OUTBOX_BENCH_SECONDS (default 10), with the relay polling (its default
 // 250ms PollInterval) and woken by LISTEN/NOTIFY (package pgwake).
 func BenchmarkLatency(b *testing.B) {
-	rate := envInt(b, "OUTBOX_BENCH_RATE", 500)
-	seconds := envInt(b, "OUTBOX_BENCH_SECONDS", 10)
+	rate := dbtest.EnvInt(b, "OUTBOX_BENCH_RATE", 500)
+	seconds := dbtest.EnvInt(b, "OUTBOX_BENCH_SECONDS", 10)
 	for _, mode := range []string{"poll", "notify"} {
 		b.Run("wakeup="+mode, func(b *testing.B) {
 			var all []time.Duration

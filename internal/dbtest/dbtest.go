@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -349,3 +350,19 @@ type Buffer = syncbuf.Buffer
 // LogLayout says whether OUTBOX_TEST_LAYOUT=log asks the suites to run
 // their unordered tests on tables of the log layout.
 func LogLayout() bool { return os.Getenv("OUTBOX_TEST_LAYOUT") == "log" }
+
+// EnvInt reads a positive count from the environment variable name (the
+// size of a slow test or a benchmark), def when it is unset; a value that
+// is not a positive integer fails tb.
+func EnvInt(tb testing.TB, name string, def int) int {
+	tb.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		tb.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
