@@ -60,7 +60,7 @@ func newLogStore(s *Store, l logTables) *logStore {
 	// a later gen took the batch over.
 	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)
 SELECT $1, $2, $3::"char", $4::bigint[] FROM (SELECT ` + asyncCommit + `) AS a
-WHERE NOT EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen > $2)`)
+WHERE ` + notTakenOver)
 	// The messages of batch $1 that no gen published or failed, with
 	// whether their key is blocked: it has a message in the failed table,
 	// or another unfinished batch (from $8 on) holds it. The window's
@@ -145,7 +145,7 @@ WHERE o.id IN (SELECT c.id FROM (SELECT * FROM runs UNION ALL SELECT * FROM free
 ` + failedReturning)
 	ls.divertSQL = r.Replace(`WITH s AS (
 	INSERT INTO {settle} (batch_id, gen, kind, seqs)
-	SELECT $1, $2, 'f', $3::bigint[] WHERE NOT EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen > $2)
+	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + notTakenOver + `
 	RETURNING 1)
 INSERT INTO {failed} (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at, attempts, available_at)
 SELECT o.id, o.seq, o.ord, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at, 0, now()
@@ -153,6 +153,12 @@ FROM {table} AS o WHERE o.id = ANY($4::uuid[]) AND EXISTS (SELECT 1 FROM s)
 ON CONFLICT (id) DO NOTHING`)
 	return ls
 }
+
+// notTakenOver fences a settle of gen $2 of batch $1: no later gen of the
+// batch was claimed (taken over after its lease or a release). A settle
+// running while a take-over commits is kept apart by the take-over's SHARE
+// lock on the settle table (see takeOver).
+const notTakenOver = `NOT EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen > $2)`
 
 // logBlocked is a condition on the event o, beside the inflight i: its
 // table is ordered and its key has a message in the failed table that is

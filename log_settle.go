@@ -176,7 +176,7 @@ RETURNING attempts, parked_at IS NOT NULL`, msg.ID, ref.token, reason, delay.Mic
 		}
 		err = db.QueryRowContext(ctx, `WITH s AS (
 	INSERT INTO `+ls.l.settle+` (batch_id, gen, kind, seqs)
-	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE NOT EXISTS (SELECT 1 FROM `+ls.l.batch+` WHERE batch_id = $1 AND gen > $2)
+	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE `+strings.ReplaceAll(notTakenOver, "{batch}", ls.l.batch)+`
 	RETURNING 1
 )
 INSERT INTO `+ls.l.failed+` AS f (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
