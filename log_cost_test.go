@@ -158,3 +158,37 @@ func TestLogIdleLooksBackOff(t *testing.T) {
 	require.NoError(t, b.store.Release(ctx, msgs...))
 	assert.Equal(t, 250*time.Millisecond, outbox.LogLookEvery(b.store), "after a release in the process")
 }
+
+// TestLogRotationSkipsABusyPartition: the rotation of the batch and settle
+// tables truncates a finished partition only if it can lock it at once
+// (NOWAIT): every claim reads every partition of the batch table, and
+// claims would queue behind a LOCK that waited. A partition some
+// transaction is reading is left for the next rotation, and no error is
+// returned; once it is free, the next rotation truncates it.
+func TestLogRotationSkipsABusyPartition(t *testing.T) {
+	ctx := context.Background()
+	b := setupLogSized(t, nil, 10, 4, 4)
+	for range 12 { // batches 1 to 12: partitions 0 to 3 of 4 batch ids each
+		b.addCommitted(t, outbox.Event{Type: "e", Payload: []byte("z")})
+		require.Equal(t, 1, relayAll(t, b.store))
+	}
+	// The latest batch (12) is in partition 3, the next is 0: 1 and 2 are
+	// finished and due.
+	part1 := `"` + b.table + `_batch_p1"`
+	require.Positive(t, dbtest.Count(t, b.db, `SELECT count(*) FROM `+part1))
+	reader, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer reader.Rollback() //nolint:errcheck
+	var n int64
+	require.NoError(t, reader.QueryRowContext(ctx, `SELECT count(*) FROM `+part1).Scan(&n), "a claim's lock on the partition")
+
+	_, _, err = b.store.Reconcile(ctx) // rotates at once
+	require.NoError(t, err, "a busy partition is no error")
+	assert.Positive(t, dbtest.Count(t, b.db, `SELECT count(*) FROM `+part1), "partition 1 is left while it is read")
+	assert.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_batch_p2"`), "partition 2 was free")
+
+	require.NoError(t, reader.Rollback())
+	_, _, err = b.store.Reconcile(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM `+part1), "truncated once free")
+}

@@ -319,40 +319,30 @@ func (ls *logStore) rotate(ctx context.Context, db *sql.DB) error {
 func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) error {
 	bp := ls.s.t.qualified(fmt.Sprintf("%s_batch_p%d", ls.s.t.name, i))
 	sp := ls.s.t.qualified(fmt.Sprintf("%s_settle_p%d", ls.s.t.name, i))
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
+	unfinished := strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM ` + unsettledFrom + ` WHERE u.remaining > 0)`)
+	// Look before taking the lock: a partition just left behind by the
+	// batch ids holds batches in flight for a few seconds.
+	var ready bool
+	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+bp+`) AND NOT (`+unfinished+`)`).Scan(&ready); err != nil || !ready {
 		return err
 	}
-	defer func() { _ = tx.Rollback() }()
-	unfinishedSQL := strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM ` + unsettledFrom + ` WHERE u.remaining > 0)`)
-	// Look before taking the lock: claims queue behind a LOCK that waits,
-	// and a partition just left behind by the batch ids holds batches in
-	// flight for a few seconds.
-	var any, unfinished bool
-	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+bp+`)`).Scan(&any); err != nil || !any {
-		return err
+	// Every claim reads every partition of the batch table, and claims
+	// queue behind a LOCK that waits: the lock is taken only if no claim
+	// holds it (NOWAIT), and held for no round trip: one statement (the
+	// names are validated identifiers) locks, looks again, truncates and
+	// commits.
+	_, err := db.ExecContext(ctx, `DO $$ BEGIN
+	LOCK TABLE `+bp+`, `+sp+` IN ACCESS EXCLUSIVE MODE NOWAIT;
+	-- Again under the lock: a batch of this partition may have been
+	-- taken over meanwhile.
+	IF NOT (`+unfinished+`) THEN
+		TRUNCATE `+bp+`, `+sp+`;
+	END IF;
+END $$`)
+	if pgerr.State(err) == "55P03" {
+		return nil // a claim holds it: next time
 	}
-	if err := tx.QueryRowContext(ctx, unfinishedSQL).Scan(&unfinished); err != nil || unfinished {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+bp+`, `+sp+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-		if pgerr.State(err) == "55P03" {
-			return nil // busy: next time
-		}
-		return err
-	}
-	// Again under the lock: a batch of this partition may have been taken
-	// over meanwhile.
-	if err := tx.QueryRowContext(ctx, unfinishedSQL).Scan(&unfinished); err != nil || unfinished {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `TRUNCATE `+bp+`, `+sp); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return err
 }
 
 // purgeable counts the events purge would remove now.
