@@ -39,7 +39,8 @@ func (o *phaseObserver) Settled(_ context.Context, took time.Duration, _ error) 
 	o.mu.Unlock()
 }
 
-// String summarises the phases: p50 and p99 of each, the mean batch.
+// String summarises the phases: p50, p99 and max of each (a stall hits few
+// batches, and every message queued behind it), the mean batch.
 func (o *phaseObserver) String() string {
 	if o == nil {
 		return "in another process (its phases are not measured here)"
@@ -50,8 +51,11 @@ func (o *phaseObserver) String() string {
 		return "no batches"
 	}
 	p := func(d []time.Duration) string {
+		if len(d) == 0 {
+			return "none"
+		}
 		s := slices.Sorted(slices.Values(d))
-		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(percentile(s, 0.5)), ms(percentile(s, 0.99)))
+		return fmt.Sprintf("p50 %.1f ms, p99 %.1f ms, max %.1f ms", ms(percentile(s, 0.5)), ms(percentile(s, 0.99)), ms(s[len(s)-1]))
 	}
 	var sum float64
 	for _, n := range o.batch {

@@ -259,6 +259,7 @@ func TestBench(t *testing.T) {
 	require.Regexp(t, `relay, 400 messages written first over a key of its own for each; \d+ \[\d+–\d+\] msgs/s = \d+\.\d+ × the broker alone; 0 first deliveries out of their key's order`, out)
 	require.Regexp(t, `broker alone publishing what the relay publishes \(a key header, type, timestamp\): \d+ \[\d+–\d+\] msgs/s; the relay = \d+\.\d+ × that`, out)
 	require.Regexp(t, `relay \d+ msgs/s; the server flushed its WAL \d+ times while the relay ran`, errOut, "PostgreSQL 14 and later tell")
+	require.Regexp(t, `relay: \d+ batches of \S+ messages on average; claim p50 \S+ ms, p99 \S+ ms, max \S+ ms; publish with confirms p50 \S+ ms, p99 \S+ ms, max \S+ ms`, errOut)
 	code, out, errOut = outboxCmd(t, vars, "bench", "--messages", "300", "--keys", "3", "--ordered", "--runs", "1")
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `relay in ordered mode, same messages: \d+ \[\d+–\d+\] msgs/s = \d+\.\d+ × unordered, \d+\.\d+ × the broker alone; 0 first deliveries out of their key's order`, out)
