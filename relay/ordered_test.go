@@ -240,10 +240,13 @@ func TestOrderedLostLease(t *testing.T) {
 	b.write(t, keys*perKey, keys*perKey, func(i int) outbox.Event {
 		return outbox.Event{Type: "order.changed", Key: fmt.Sprint("order-", i%keys), Payload: []byte(fmt.Sprint(i))}
 	})
-	// Its first round goes out three seconds after the claim, long after
-	// its lease (1s, the least there is) has passed to the other relay.
-	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), 3 * time.Second},
-		&relay.Config{MaxInFlight: 1, BatchSize: keys * perKey, Lease: relay.LeaseMin, PublishTimeout: 800 * time.Millisecond})
+	// Its first round goes out five seconds after the claim, long after
+	// its lease (2s) has passed to the other relay. A claim is bounded by a
+	// third of the lease: with the least lease there is (1s), a claim of
+	// 200 messages under the whole suite with -race ran out of its 333ms
+	// in CI, and the relay never claimed.
+	stuck, _ := start(t, b.store, stuckPublisher{newPublisher(t, nil), 5 * time.Second},
+		&relay.Config{MaxInFlight: 1, BatchSize: keys * perKey, Lease: 2 * time.Second, PublishTimeout: 800 * time.Millisecond})
 	require.Eventually(t, func() bool { return b.count(t, "claim_token IS NOT NULL") > 0 }, 10*time.Second, time.Millisecond)
 	start(t, b.store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, Lease: 5 * time.Second})
 

@@ -26,13 +26,14 @@ import (
 // CONNECTION_FORCED). It returns how many it closed. One rabbitmqctl call
 // finds and closes them all: a call starts an Erlang node, which takes a
 // second on an idle machine and several on a busy one, and the chaos tests
-// close a dozen connections at a time.
+// close a dozen connections at a time. A connection still in its
+// handshake has no client properties yet (none): it is passed over.
 func CloseNamedConnections(tb testing.TB, name string) int {
 	tb.Helper()
 	lit := strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(name)
 	expr := `Pids = [Pid || Pid <- rabbit_networking:connections(),
 	{<<"connection_name">>, _, N} <- case catch rabbit_reader:info(Pid, [client_properties]) of
-		[{client_properties, Props}] -> Props; _ -> [] end,
+		[{client_properties, Props}] when is_list(Props) -> Props; _ -> [] end,
 	N =:= <<"` + lit + `">>],
 [catch rabbit_networking:close_connection(Pid, "closed by test") || Pid <- Pids],
 length(Pids).`
