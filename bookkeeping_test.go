@@ -31,8 +31,7 @@ func TestRowsBookkeepingCommitsAsynchronously(t *testing.T) {
 			conn, err := b.db.Conn(ctx)
 			require.NoError(t, err)
 			defer conn.Close()
-			setting := func(q rowQuerier) string { return syncCommit(t, q) }
-			require.Equal(t, "on", setting(conn), "the session's own setting")
+			require.Equal(t, "on", syncCommit(t, conn), "the session's own setting")
 			// run runs a statement in a transaction of its own, and returns
 			// the ids it returned (its first column) with the setting it left.
 			run := func(what, query string, args ...any) ([]string, string) {
@@ -53,9 +52,9 @@ func TestRowsBookkeepingCommitsAsynchronously(t *testing.T) {
 					ids = append(ids, id)
 				}
 				require.NoError(t, rows.Err(), what)
-				s := setting(tx)
+				s := syncCommit(t, tx)
 				require.NoError(t, tx.Commit(), what)
-				assert.Equal(t, "on", setting(conn), "%s: for its own transaction only", what)
+				assert.Equal(t, "on", syncCommit(t, conn), "%s: for its own transaction only", what)
 				return ids, s
 			}
 			token := uuid.NewString()
@@ -94,8 +93,7 @@ func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
 	conn, err := b.db.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	setting := func(q rowQuerier) string { return syncCommit(t, q) }
-	require.Equal(t, "on", setting(conn), "the session's own setting")
+	require.Equal(t, "on", syncCommit(t, conn), "the session's own setting")
 
 	tx, err := conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -113,9 +111,9 @@ func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, seqs, 3)
-	assert.Equal(t, "off", setting(tx), "after a claim")
+	assert.Equal(t, "off", syncCommit(t, tx), "after a claim")
 	require.NoError(t, tx.Commit())
-	assert.Equal(t, "on", setting(conn), "for the claim's transaction only")
+	assert.Equal(t, "on", syncCommit(t, conn), "for the claim's transaction only")
 
 	tx, err = conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -124,9 +122,9 @@ func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
 	n, err := res.RowsAffected()
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "the settle was recorded")
-	assert.Equal(t, "off", setting(tx), "after a settle")
+	assert.Equal(t, "off", syncCommit(t, tx), "after a settle")
 	require.NoError(t, tx.Commit())
-	assert.Equal(t, "on", setting(conn), "for the settle's transaction only")
+	assert.Equal(t, "on", syncCommit(t, conn), "for the settle's transaction only")
 
 	none, err := b.store.Claim(ctx, 10, time.Minute)
 	require.NoError(t, err)

@@ -28,6 +28,7 @@ type logStore struct {
 	claimSQL, reclaimSQL, reclaimOrdSQL, unfinishedSQL string
 	settleSQL                                          string
 	failedClaimSQL, failedClaimOrdSQL, divertSQL       string
+	failSQL, refailSQL                                 string
 
 	mu       sync.Mutex
 	low      int64     // no batch below it is unfinished, as far as this store has seen
@@ -59,8 +60,31 @@ func newLogStore(s *Store, l logTables) *logStore {
 	// What became of messages $4 of gen $2 of batch $1 (kind $3), unless
 	// a later gen took the batch over.
 	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)
-SELECT $1, $2, $3::"char", $4::bigint[] FROM (SELECT ` + asyncCommit + `) AS a
-WHERE ` + notTakenOver)
+SELECT $1, $2, $3::"char", $4::bigint[] WHERE ` + asyncCondition + ` AND ` + notTakenOver)
+	// A failed attempt at message $4 (seq $3) of gen $2 of batch $1: the
+	// batch records it as failed, and the message is copied to the failed
+	// table (or, there already, counted again), to back off and park at
+	// MaxAttempts ($15).
+	ls.failSQL = r.Replace(`WITH s AS (
+	INSERT INTO {settle} (batch_id, gen, kind, seqs)
+	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE ` + notTakenOver + `
+	RETURNING 1
+)
+INSERT INTO {failed} AS f (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
+	attempts, last_error, available_at, parked_at, ord)
+SELECT $4::uuid, $3, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, 1, $13, now() + $14::bigint * interval '1 microsecond',
+	CASE WHEN $15 <= 1 THEN now() END, NULLIF($16::bigint, 0)
+FROM s
+ON CONFLICT (id) DO UPDATE SET attempts = f.attempts + 1, last_error = excluded.last_error, available_at = excluded.available_at,
+	parked_at = CASE WHEN f.attempts + 1 >= $15 THEN now() END, claim_token = NULL, claimed_until = NULL
+RETURNING attempts, parked_at IS NOT NULL`)
+	// A failed attempt at message $1 taken from the failed table under
+	// claim $2: it backs off ($4) and parks at MaxAttempts ($5).
+	ls.refailSQL = r.Replace(`UPDATE {failed} SET attempts = attempts + 1, last_error = $3,
+	available_at = now() + $4::bigint * interval '1 microsecond', claim_token = NULL, claimed_until = NULL,
+	parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+WHERE id = $1 AND claim_token = $2::uuid AND published_at IS NULL
+RETURNING attempts, parked_at IS NOT NULL`)
 	// The messages of batch $1 that no gen published or failed, with
 	// whether their key is blocked: it has a message in the failed table,
 	// or another unfinished batch (from $8 on) holds it. The window's

@@ -104,6 +104,11 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 // that relied on the settles) brings every earlier commit with it.
 const asyncCommit = `set_config('synchronous_commit', 'off', true)`
 
+// asyncCondition is asyncCommit as a condition of a statement's WHERE: an
+// uncorrelated subquery, which PostgreSQL evaluates once, as a one-time
+// filter, before the statement writes a row.
+const asyncCondition = `(SELECT ` + asyncCommit + `) IS NOT NULL`
+
 func (ls *logStore) settleBatch(ctx context.Context, db *sql.DB, kind byte, ref batchRef, ids []string, seqs []int64) (map[string]bool, error) {
 	res, err := db.ExecContext(ctx, ls.settleSQL, ref.batch, ref.gen, string(kind), seqs)
 	if err != nil {
@@ -161,11 +166,7 @@ func (ls *logStore) markFailed(ctx context.Context, db *sql.DB, msg Message, rea
 		err      error
 	)
 	if ref.token != "" {
-		err = db.QueryRowContext(ctx, `UPDATE `+ls.l.failed+` SET attempts = attempts + 1, last_error = $3,
-	available_at = now() + $4::bigint * interval '1 microsecond', claim_token = NULL, claimed_until = NULL,
-	parked_at = CASE WHEN attempts + 1 >= $5 THEN now() END
-WHERE id = $1 AND claim_token = $2::uuid AND published_at IS NULL
-RETURNING attempts, parked_at IS NOT NULL`, msg.ID, ref.token, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+		err = db.QueryRowContext(ctx, ls.refailSQL, msg.ID, ref.token, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
 	} else {
 		headers, herr := json.Marshal(msg.Headers)
 		if herr != nil {
@@ -174,19 +175,7 @@ RETURNING attempts, parked_at IS NOT NULL`, msg.ID, ref.token, reason, delay.Mic
 		if msg.Headers == nil {
 			headers = []byte("{}")
 		}
-		err = db.QueryRowContext(ctx, `WITH s AS (
-	INSERT INTO `+ls.l.settle+` (batch_id, gen, kind, seqs)
-	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE `+strings.ReplaceAll(notTakenOver, "{batch}", ls.l.batch)+`
-	RETURNING 1
-)
-INSERT INTO `+ls.l.failed+` AS f (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
-	attempts, last_error, available_at, parked_at, ord)
-SELECT $4::uuid, $3, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, 1, $13, now() + $14::bigint * interval '1 microsecond',
-	CASE WHEN $15 <= 1 THEN now() END, NULLIF($16::bigint, 0)
-FROM s
-ON CONFLICT (id) DO UPDATE SET attempts = f.attempts + 1, last_error = excluded.last_error, available_at = excluded.available_at,
-	parked_at = CASE WHEN f.attempts + 1 >= $15 THEN now() END, claim_token = NULL, claimed_until = NULL
-RETURNING attempts, parked_at IS NOT NULL`,
+		err = db.QueryRowContext(ctx, ls.failSQL,
 			ref.batch, ref.gen, msg.Seq, msg.ID, msg.EventType, msg.Key, msg.Exchange, msg.RoutingKey, msg.Payload, msg.ContentType,
 			string(headers), msg.CreatedAt, reason, delay.Microseconds(), s.maxAttempts, msg.ord).Scan(&attempts, &parked)
 	}

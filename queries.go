@@ -79,7 +79,7 @@ const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts 
 func newQueries(t table, ordered bool) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{ordered_now}", t.orderedNow(), "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
 		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing,
-		"{async}", `(SELECT `+asyncCommit+`) IS NOT NULL`)
+		"{async}", asyncCondition)
 	// Nested texts are replaced in two steps.
 	r2 := func(q string) string { return r.Replace(r.Replace(q)) }
 	q := queries{
@@ -87,7 +87,7 @@ func newQueries(t table, ordered bool) queries {
 
 		// Fenced by the claim token: one statement per claim (a relay
 		// settles the messages of one claim together). Claims, marks and
-		// releases commit asynchronously ({async}, see asyncCommit): a
+		// releases commit asynchronously ({async}, see asyncCondition): a
 		// crash of the server that loses one costs duplicates, never a
 		// message; failures commit as every write does. The id = ANY
 		// condition keeps even a generic plan, cached while the table was
