@@ -253,3 +253,30 @@ func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason 
 		slog.String("table", s.t.full), slog.String("outbox_id", id), slog.Int("attempts", attempts),
 		slog.String("last_error", truncate(reason, 200)))
 }
+
+// Maintain does the upkeep a table needs beside its claims, so that claims
+// need not wait for it. On a table of LayoutLog it looks for batches to take
+// over (a relay's lease ran out, or it released them) and for failed
+// messages due again, which the next Claim then takes, every 250ms while
+// claims find work and less often while they find none; and it rotates the
+// table's partitions every second. Each call does only what is due and
+// returns at once when nothing is. On a table of LayoutRows it does nothing.
+//
+// A relay calls it every 100ms from a goroutine of its own. While something
+// calls it, claims leave this work to it; a claim loop of your own that
+// never calls it has its claims do it, as due, and a message committed
+// meanwhile waits for it.
+func (s *Store) Maintain(ctx context.Context) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	ls, err := s.logged(ctx)
+	if err != nil || ls == nil {
+		return err
+	}
+	if err := ls.tend(ctx, db); err != nil {
+		return fmt.Errorf("outbox: maintaining %s: %w", s.t.full, err)
+	}
+	return nil
+}

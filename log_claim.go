@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,34 +27,21 @@ type logStore struct {
 	claimSQL, reclaimSQL, reclaimOrdSQL, unfinishedSQL string
 	settleSQL                                          string
 	failedClaimSQL, failedClaimOrdSQL, divertSQL       string
+	failedDueSQL                                       string
 	failSQL, refailSQL                                 string
 
-	mu       sync.Mutex
-	low      int64     // no batch below it is unfinished, as far as this store has seen
-	nextScan time.Time // when to look for batches to take over
-
-	nextMaintain time.Time     // when to rotate partitions
-	nextFailed   time.Time     // when to look for failed messages due again
-	lookEvery    time.Duration // how often to look for either: longer while claims find nothing
-	now          func() time.Time
+	mu  sync.Mutex
+	low int64 // no batch below it is unfinished, as far as this store has seen
+	looks
+	now func() time.Time
 }
-
-// How often a claim looks for batches to take over and for failed
-// messages due again: every lookEvery while claims find work; while they
-// find none, twice as long after each look, up to a quarter of the lease
-// and at most lookEveryIdle. An idle relay then makes its claims and
-// little else, and still notices a lapsed lease within a quarter of it.
-const (
-	lookEvery     = 250 * time.Millisecond
-	lookEveryIdle = 2 * time.Second
-)
 
 const logColumns = `o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at`
 
 func newLogStore(s *Store, l logTables) *logStore {
 	r := strings.NewReplacer("{table}", s.t.quoted, "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed, "{columns}", logColumns,
 		"{blocked}", logBlocked(s.t, l), "{ordered}", s.t.orderedNow())
-	ls := &logStore{s: s, l: l, lookEvery: lookEvery, now: time.Now}
+	ls := &logStore{s: s, l: l, looks: looks{lookEvery: lookEvery}, now: time.Now}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
 	// What became of messages $4 of gen $2 of batch $1 (kind $3), unless
 	// a later gen took the batch over.
@@ -115,6 +101,11 @@ ORDER BY b.batch_id LIMIT 20000`)
 	// A store that reads its table unordered takes no message with a key
 	// from it if it is ordered (it checks the mode in the statement): the
 	// claim of an ordered table is the next one.
+	// Whether a failed message is due again (Maintain's look): the claims
+	// above decide which may be taken.
+	ls.failedDueSQL = r.Replace(`SELECT EXISTS (SELECT 1 FROM {failed}
+	WHERE available_at <= now() AND published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL
+	  AND (claimed_until IS NULL OR claimed_until < now()))`)
 	ls.failedClaimSQL = r.Replace(`UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
 WHERE o.id IN (SELECT id FROM {failed}
 	WHERE available_at <= now() AND published_at IS NULL AND parked_at IS NULL AND discarded_at IS NULL
@@ -271,101 +262,6 @@ type batchRow struct {
 	more              bool
 }
 
-func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
-	var msgs []Message
-	step := func(take func() ([]Message, error)) error {
-		more, err := take()
-		msgs = append(msgs, more...)
-		return err
-	}
-	err := func() error {
-		if ls.failedDue() {
-			if err := step(func() ([]Message, error) { return ls.claimFailed(ctx, db, n, lease) }); err != nil {
-				return err
-			}
-		}
-		if len(msgs) < n && ls.scanDue() {
-			if err := step(func() ([]Message, error) {
-				return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, n-len(msgs), len(msgs) == 0, lease) })
-			}); err != nil {
-				return err
-			}
-		}
-		if len(msgs) < n {
-			return step(func() ([]Message, error) { return ls.claimNew(ctx, db, n-len(msgs), lease) })
-		}
-		return nil
-	}()
-	if err != nil && len(msgs) == 0 {
-		return nil, err
-	}
-	ls.lookedFor(len(msgs) == 0, lease)
-	// Messages already claimed are returned even if a later step failed:
-	// the next claim meets the failure again.
-	if ls.maintainDue() {
-		if err := ls.maintain(ctx, db); err != nil && ctx.Err() == nil {
-			ls.s.logger.WarnContext(ctx, "outbox: Rotating the partitions of a log table failed; trying again in a second",
-				slog.String("table", ls.s.t.full), slog.Any("error", err))
-		}
-	}
-	return msgs, nil
-}
-
-// maintainDue says whether this claim keeps the rotation going: every
-// second.
-func (ls *logStore) maintainDue() bool { return ls.due(&ls.nextMaintain, time.Second) }
-
-// scanDue says whether this claim looks for batches to take over: at most
-// every lookEvery (longer while idle), and at once after a release in this
-// process.
-func (ls *logStore) scanDue() bool { return ls.due(&ls.nextScan, 0) }
-
-// due says whether the time *next has come, and if so moves it on by every
-// (by the current look interval when every is 0).
-func (ls *logStore) due(next *time.Time, every time.Duration) bool {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	now := ls.now()
-	if now.Before(*next) {
-		return false
-	}
-	if every == 0 {
-		every = ls.lookEvery
-	}
-	*next = now.Add(every)
-	return true
-}
-
-// lookedFor adapts the look interval after a claim: back to lookEvery when
-// the claim found messages, twice as long (up to a quarter of the lease,
-// at most lookEveryIdle) when it found none.
-func (ls *logStore) lookedFor(empty bool, lease time.Duration) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if !empty {
-		ls.lookEvery = lookEvery
-		return
-	}
-	ls.lookEvery = max(lookEvery, min(2*ls.lookEvery, lease/4, lookEveryIdle))
-}
-
-// soon makes the next claim look at once, and the looks frequent again.
-func (ls *logStore) soon(next *time.Time) {
-	ls.mu.Lock()
-	*next = time.Time{}
-	ls.lookEvery = lookEvery
-	ls.mu.Unlock()
-}
-
-func (ls *logStore) scanSoon() { ls.soon(&ls.nextScan) }
-
-// failedDue says whether this claim looks for failed messages due again:
-// at most every lookEvery (longer while idle), and at once after a failure
-// in this process.
-func (ls *logStore) failedDue() bool { return ls.due(&ls.nextFailed, 0) }
-
-func (ls *logStore) failedSoon() { ls.soon(&ls.nextFailed) }
-
 func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
@@ -474,6 +370,12 @@ func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) ([]Message, error)
 	return msgs, nil
 }
 
+// rowsQuerier is a *sql.DB or a *sql.Tx.
+type rowsQuerier interface {
+	querier
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
@@ -488,7 +390,63 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 	ls.mu.Lock()
 	low := ls.low
 	ls.mu.Unlock()
-	rows, err := tx.QueryContext(ctx, ls.unfinishedSQL, low)
+	cand, err := ls.unfinished(ctx, tx, n, alone)
+	if err != nil || cand == nil {
+		return nil, err
+	}
+	b := *cand
+	b.gen++
+	ref := batchRef{batch: b.id, gen: b.gen}
+	// A mark of the batch's old generation is fenced by a snapshot ("no
+	// later gen"): one already running when this take-over read the
+	// settles would pass the fence and commit, and its messages would be
+	// published again. The settle table's SHARE lock waits for the marks
+	// in flight (the reclaim below then sees them) and holds new ones
+	// until this commits (they then see the new generation and find their
+	// lease lost).
+	if _, err := tx.ExecContext(ctx, "LOCK TABLE "+ls.l.settle+" IN SHARE MODE"); err != nil {
+		return nil, err
+	}
+	var rs *sql.Rows
+	if b.lastTx == "0" { // a part of an ordered table's window, in ord
+		rs, err = tx.QueryContext(ctx, ls.reclaimOrdSQL, b.id, b.lo, b.hi, b.afterSeq, b.lastSeq, low)
+	} else {
+		rs, err = tx.QueryContext(ctx, ls.reclaimSQL, b.id, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, low)
+	}
+	if err != nil {
+		return nil, err
+	}
+	msgs, blocked, err := scanLogMessages(rs, ref.String())
+	if err != nil {
+		return nil, err
+	}
+	if len(msgs) == 0 {
+		return nil, nil // settled meanwhile
+	}
+	b.n = len(msgs)
+	if msgs, err = ls.insertBatch(ctx, tx, b, lease, msgs); err != nil {
+		return nil, err
+	}
+	return ls.divert(ctx, tx, ref, msgs, blocked)
+}
+
+// unfinished reads the latest gen of each batch from the store's
+// low-water mark on, moves the mark past the finished ones, and returns
+// the first batch that may be taken over (its lease ran out or it was
+// released) if its remaining messages fit in n, or whatever their number
+// when alone.
+//
+// It needs no lock: batch ids are given out under the claim lock, one
+// after the other, so a batch that q cannot see yet (its claim has not
+// committed) has a higher id than every batch it sees, and a batch it
+// sees finished stays so. A take-over it cannot see yet (a later gen)
+// only makes it return a batch that is no longer due: a take-over reads
+// again under the lock.
+func (ls *logStore) unfinished(ctx context.Context, q rowsQuerier, n int, alone bool) (*batchRow, error) {
+	ls.mu.Lock()
+	low := ls.low
+	ls.mu.Unlock()
+	rows, err := q.QueryContext(ctx, ls.unfinishedSQL, low)
 	if err != nil {
 		return nil, err
 	}
@@ -530,14 +488,14 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 		// Nothing from low on: if the batch ids begun again below it (the
 		// table was emptied), start again from 0.
 		var latest int64
-		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(batch_id), 0) FROM `+ls.l.batch).Scan(&latest); err != nil {
+		if err := q.QueryRowContext(ctx, `SELECT coalesce(max(batch_id), 0) FROM `+ls.l.batch).Scan(&latest); err != nil {
 			return nil, err
 		}
 		if latest < low {
 			ls.mu.Lock()
 			ls.low = 0
 			ls.mu.Unlock()
-			return nil, nil // the next scan, in 250ms, looks from 0
+			return nil, nil // the next look starts from 0
 		}
 	}
 	ls.mu.Lock()
@@ -548,43 +506,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 		ls.low = max(ls.low, lastID)
 	}
 	ls.mu.Unlock()
-	if cand == nil {
-		return nil, nil
-	}
-	b := *cand
-	b.gen++
-	ref := batchRef{batch: b.id, gen: b.gen}
-	// A mark of the batch's old generation is fenced by a snapshot ("no
-	// later gen"): one already running when this take-over read the
-	// settles would pass the fence and commit, and its messages would be
-	// published again. The settle table's SHARE lock waits for the marks
-	// in flight (the reclaim below then sees them) and holds new ones
-	// until this commits (they then see the new generation and find their
-	// lease lost).
-	if _, err := tx.ExecContext(ctx, "LOCK TABLE "+ls.l.settle+" IN SHARE MODE"); err != nil {
-		return nil, err
-	}
-	var rs *sql.Rows
-	if b.lastTx == "0" { // a part of an ordered table's window, in ord
-		rs, err = tx.QueryContext(ctx, ls.reclaimOrdSQL, b.id, b.lo, b.hi, b.afterSeq, b.lastSeq, low)
-	} else {
-		rs, err = tx.QueryContext(ctx, ls.reclaimSQL, b.id, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, low)
-	}
-	if err != nil {
-		return nil, err
-	}
-	msgs, blocked, err := scanLogMessages(rs, ref.String())
-	if err != nil {
-		return nil, err
-	}
-	if len(msgs) == 0 {
-		return nil, nil // settled meanwhile
-	}
-	b.n = len(msgs)
-	if msgs, err = ls.insertBatch(ctx, tx, b, lease, msgs); err != nil {
-		return nil, err
-	}
-	return ls.divert(ctx, tx, ref, msgs, blocked)
+	return cand, nil
 }
 
 // claimNew takes the next part of the current window, or opens the next

@@ -50,9 +50,7 @@ func TestLogClaimReadsNoHistory(t *testing.T) {
 	// Once the lease is over by the database's clock, which judges it, and
 	// the store's next look for lapsed leases is due by its own (the
 	// test's), the batch is taken over and its window read again.
-	for deadline := time.Now().Add(10 * time.Second); dbtest.Count(t, b.db, `SELECT count(*) FROM (SELECT WHERE now() > $1) AS x`, fresh[0].ClaimedUntil) == 0; {
-		require.True(t, time.Now().Before(deadline), "the lease of 1ms not over in 10s")
-	}
+	b.awaitLapse(t, fresh)
 	later := time.Now().Add(time.Hour)
 	outbox.SetLogClock(store, func() time.Time { return later })
 	again, n := claim(time.Minute)
@@ -122,14 +120,10 @@ func TestLogClaimOnAnalysedBacklog(t *testing.T) {
 // process makes them frequent again. The store's clock is the test's.
 func TestLogIdleLooksBackOff(t *testing.T) {
 	ctx := context.Background()
-	b := setupLog(t, nil)
-	_, err := b.store.Layout(ctx)
-	require.NoError(t, err)
-	now := time.Now()
-	outbox.SetLogClock(b.store, func() time.Time { return now })
+	b, now := setupLogClock(t)
 	idle := func(claims int, lease time.Duration) {
 		for range claims {
-			now = now.Add(100 * time.Millisecond)
+			*now = now.Add(100 * time.Millisecond)
 			msgs, err := b.store.Claim(ctx, 10, lease)
 			require.NoError(t, err)
 			require.Empty(t, msgs)

@@ -47,7 +47,8 @@
 //
 // # The pipeline
 //
-// Run is three stages, each with one owner:
+// Run is three stages, each with one owner, and the storage's upkeep
+// beside them:
 //
 //   - The claimer (one goroutine) decides when to claim, and is the only
 //     one that does: it owns polling, wake-ups, backoff and Health. It
@@ -75,6 +76,13 @@
 //     last moments, not whole batches. One writer keeps settles from contending with
 //     each other and with the claims on a small database (with a settle per
 //     publisher, throughput on two cores fell by a quarter).
+//   - A goroutine beside them calls Store.Maintain every 100ms (after a
+//     failure, after the relay's backoff): on a table of the log layout it
+//     looks for batches to take over and for failed messages due again,
+//     and rotates the partitions, so that no claim waits for that work (a
+//     few milliseconds every 250ms, up to twenty every second; the claimer
+//     is serial, and every message committed meanwhile waited too). The
+//     claims take what its looks found.
 //
 // A claim is bounded by a third of Config.Lease, and a shutdown does not
 // cut it short: a claim cancelled mid-statement may have committed all the
@@ -115,7 +123,9 @@
 // settles what was confirmed and releases the rest. A relay killed outright
 // leaves its batches to their leases: what the broker confirmed but was not
 // marked yet, and what it took but had not confirmed, is published again, a
-// duplicate.
+// duplicate. A Maintain that fails is logged and tried again
+// after a backoff; a second after its last call the claims make the looks
+// themselves, so a failing upkeep delays no take-over.
 //
 // # Ordered mode
 //

@@ -98,6 +98,14 @@ type Store interface {
 	// PurgePublished deletes published messages older than olderThan; the
 	// relay calls it when Config.PurgeAfter is set.
 	PurgePublished(ctx context.Context, olderThan time.Duration) (int64, error)
+
+	// Maintain does the storage's upkeep beside the claims (on a log
+	// table: the looks for batches to take over and for failed messages
+	// due again, which the next claim takes, and the rotation of its
+	// partitions), so that no claim waits for it. A relay calls it every
+	// 100ms, and after a failure again after a backoff; each call does
+	// only what is due.
+	Maintain(ctx context.Context) error
 }
 
 var _ Store = (*outbox.Store)(nil)

@@ -10,6 +10,7 @@ import (
 
 // every runs f at once and then every interval until ctx ends: the
 // relay's work beside the pipeline (purging, reconciling held messages).
+// Maintaining backs off after failures instead.
 var every = periodic.Run
 
 func (r *Relay) purge(ctx context.Context) {
@@ -20,6 +21,34 @@ func (r *Relay) purge(ctx context.Context) {
 		r.logger.ErrorContext(ctx, "relay: Purging published messages failed", slog.String("error", err.Error()))
 	case n > 0:
 		r.logger.InfoContext(ctx, "relay: Purged published messages", slog.Int64("num_purged", n), slog.Duration("older_than", r.cfg.PurgeAfter))
+	}
+}
+
+// maintainEvery is how often the relay offers its store the upkeep beside
+// the claims (Store.Maintain does only what is due).
+const maintainEvery = 100 * time.Millisecond
+
+// maintain calls Store.Maintain every maintainEvery until ctx ends, and
+// after a failure again after the relay's backoff.
+func (r *Relay) maintain(ctx context.Context) {
+	failures := 0
+	for {
+		wait := maintainEvery
+		if err := r.store.Maintain(ctx); err != nil && ctx.Err() == nil {
+			failures++
+			wait = r.backoff(failures)
+			r.logger.WarnContext(ctx, "relay: Maintaining the table failed; its claims do the work meanwhile",
+				slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		} else {
+			failures = 0
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -86,6 +86,7 @@ func (s *fakeStore) CheckOrdering(context.Context) error                        
 func (s *fakeStore) Subscribe() (<-chan struct{}, func())                         { return nil, nil }
 func (s *fakeStore) Reconcile(context.Context) (held, unheld int64, err error)    { return 0, 0, nil }
 func (s *fakeStore) PurgePublished(context.Context, time.Duration) (int64, error) { return 0, nil }
+func (s *fakeStore) Maintain(context.Context) error                               { return nil }
 
 func (s *fakeStore) log() []string {
 	s.mu.Lock()
@@ -363,6 +364,71 @@ func TestRunPurgesWhenAsked(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	require.Empty(t, quiet.purges)
+}
+
+// maintainingStore is a fakeStore whose Maintain fails on the calls
+// in fail, and records each call.
+type maintainingStore struct {
+	fakeStore
+	fail  map[int]bool
+	calls chan int
+	n     atomic.Int64
+}
+
+func (s *maintainingStore) Maintain(ctx context.Context) error {
+	n := int(s.n.Add(1))
+	select {
+	case s.calls <- n:
+	case <-ctx.Done():
+	}
+	if s.fail[n] {
+		return errors.New("maintenance failed")
+	}
+	return nil
+}
+
+// TestRunMaintainsBeside: a relay calls Store.Maintain beside its claims,
+// again after maintainEvery while it succeeds, after the relay's backoff
+// (growing with each failure in a row) while it fails, and not after Run
+// returns.
+func TestRunMaintainsBeside(t *testing.T) {
+	t.Parallel()
+	store := &maintainingStore{fail: map[int]bool{2: true, 3: true, 4: true}, calls: make(chan int)}
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
+	r := newTestRelay(t, store, pub, &Config{PollInterval: time.Millisecond})
+	var (
+		mu       sync.Mutex
+		attempts []int
+	)
+	r.backoff = func(n int) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts = append(attempts, n)
+		return time.Millisecond
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	for want := 1; want <= 6; want++ {
+		select {
+		case n := <-store.calls:
+			require.Equal(t, want, n)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no call %d of Maintain in 10s", want)
+		}
+	}
+	require.Eventually(t, func() bool { return store.claimCount() > 5 }, 5*time.Second, time.Millisecond, "claims go on beside")
+	cancel()
+	require.NoError(t, <-done)
+	mu.Lock()
+	defer mu.Unlock()
+	// The claims' own backoffs are not asked for: they never failed.
+	require.Equal(t, []int{1, 2, 3}, attempts, "a backoff per failure in a row, and none after a success")
+	select {
+	case n := <-store.calls:
+		t.Fatalf("Maintain called (call %d) after Run returned", n)
+	default:
+	}
 }
 
 // TestRunBacksOff drives the loop through broker faults, a database

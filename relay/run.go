@@ -55,8 +55,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopRun()
 	}
 
-	// Purging and reconciling run beside the pipeline: deleting millions
-	// of old rows must not hold up publishing.
+	// Purging, maintaining and reconciling run beside the pipeline:
+	// deleting millions of old rows must not hold up publishing.
 	var beside sync.WaitGroup
 	defer beside.Wait()
 	besideCtx, stopBeside := context.WithCancel(runCtx)
@@ -71,6 +71,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.PurgeAfter > 0 {
 		run(func(ctx context.Context) { every(ctx, r.cfg.PurgeInterval, r.purge) })
 	}
+	// The storage's upkeep (looks for work to take over, rotation), so
+	// that no claim waits for it.
+	run(r.maintain)
 	// Ordered mode reconciles held messages every second; unordered mode
 	// holds nothing, and brings back, once, what ordered mode held before
 	// the table changed modes (the claimer does it again when the table

@@ -1,0 +1,98 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// TestLogMaintainMakesTheLooks: while Store.Maintain is called, claims
+// leave the looks for batches to take over to it and only take what a
+// look found; once it is no longer called (a second), claims make the
+// looks themselves again. The store's clock is the test's; leases are
+// judged by the database's.
+func TestLogMaintainMakesTheLooks(t *testing.T) {
+	ctx := context.Background()
+	b, now := setupLogClock(t)
+	require.NoError(t, b.store.Maintain(ctx), "on an empty table")
+
+	b.addCommitted(t, events(2)...)
+	taken, err := b.store.Claim(ctx, 10, time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, taken, 2)
+	b.awaitLapse(t, taken)
+
+	*now = now.Add(500 * time.Millisecond) // a look is due, and Maintain was called within a second
+	msgs, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	assert.Empty(t, msgs, "a claim looked for batches to take over while Maintain makes the looks")
+
+	require.NoError(t, b.store.Maintain(ctx))
+	again, err := b.store.Claim(ctx, 10, time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, ids(taken), ids(again), "taken over after Maintain's look found the batch")
+	b.awaitLapse(t, again)
+
+	*now = now.Add(2 * time.Second) // Maintain not called for two seconds
+	third, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, ids(taken), ids(third), "taken over by a claim's own look once Maintain stopped")
+	require.NoError(t, b.store.MarkPublished(ctx, third...))
+}
+
+// TestLogMaintainRotates: Maintain rotates the batch and settle tables
+// (every second by the store's clock), as claims do when nothing calls it.
+func TestLogMaintainRotates(t *testing.T) {
+	ctx := context.Background()
+	b := setupLogSized(t, nil, 10, 4, 4)
+	_, err := b.store.Layout(ctx)
+	require.NoError(t, err)
+	now := time.Now()
+	outbox.SetLogClock(b.store, func() time.Time { return now })
+	require.NoError(t, b.store.Maintain(ctx))
+	for range 12 { // batches 1 to 12: partitions 0 to 3 of 4 batch ids each
+		b.addCommitted(t, outbox.Event{Type: "e", Payload: []byte("z")})
+		require.Equal(t, 1, relayAll(t, b.store))
+	}
+	part1 := `"` + b.table + `_batch_p1"`
+	require.Positive(t, dbtest.Count(t, b.db, `SELECT count(*) FROM `+part1), "claims left the rotation to Maintain")
+	now = now.Add(time.Second)
+	require.NoError(t, b.store.Maintain(ctx))
+	assert.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM `+part1), "finished partition 1 rotated")
+	assert.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_batch_p2"`), "finished partition 2 rotated")
+}
+
+// TestMaintainOnRows: a table of LayoutRows needs no upkeep.
+func TestMaintainOnRows(t *testing.T) {
+	b := setup(t, nil)
+	require.NoError(t, b.store.Maintain(context.Background()))
+	var noPool outbox.Store
+	require.ErrorIs(t, noPool.Maintain(context.Background()), outbox.ErrNoPool)
+}
+
+// awaitLapse waits until the lease of msgs (a short one) is over by the
+// database's clock, which judges it.
+func (b *testBundle) awaitLapse(t *testing.T, msgs []outbox.Message) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); dbtest.Count(t, b.db, `SELECT count(*) FROM (SELECT WHERE now() > $1) AS x`, msgs[0].ClaimedUntil) == 0; {
+		require.True(t, time.Now().Before(deadline), "the lease not over in 10s")
+	}
+}
+
+// setupLogClock is setupLog whose store tells the time from *now (set to
+// the present), which the test moves on.
+func setupLogClock(t *testing.T) (*testBundle, *time.Time) {
+	t.Helper()
+	b := setupLog(t, nil)
+	_, err := b.store.Layout(context.Background())
+	require.NoError(t, err)
+	now := time.Now()
+	outbox.SetLogClock(b.store, func() time.Time { return now })
+	return b, &now
+}
