@@ -13,8 +13,8 @@ import (
 // take over (a lease ran out, a relay released its batch) and for failed
 // messages due again, and the rotation of its partitions. A relay does
 // them from a goroutine of its own (Store.Maintain): a look takes a few
-// milliseconds, the rotation up to twenty, and every message committed
-// meanwhile would wait for them if the claims made them. The claims then
+// milliseconds, the rotation 5 to 10 and at times 30, and every message
+// committed meanwhile would wait for them if the claims made them. The claims then
 // only take what a look found. A claim loop that never calls Maintain
 // makes them in its claims, as due.
 

@@ -80,8 +80,8 @@
 //     failure, after the relay's backoff): on a table of the log layout it
 //     looks for batches to take over and for failed messages due again,
 //     and rotates the partitions, so that no claim waits for that work (a
-//     few milliseconds every 250ms, up to twenty every second; the claimer
-//     is serial, and every message committed meanwhile waited too). The
+//     few milliseconds every 250ms, 5 to 30 every second; the claimer is
+//     serial, and every message committed meanwhile waited too). The
 //     claims take what its looks found.
 //
 // A claim is bounded by a third of Config.Lease, and a shutdown does not
