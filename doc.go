@@ -125,10 +125,10 @@
 // taken; settles are rows too; a batch whose lease ran out is taken over
 // under its next gen, and marks are fenced by the gen. A partition is
 // emptied only when every event in it is visible in the horizon: the lo of
-// the oldest unfinished batch, or the cursor. The looks for batches to take over and for
-// failed messages due again, and the rotation, are [Store.Maintain]'s,
-// which a relay calls beside its claims; a claim loop that never calls it
-// has its claims make them.
+// the oldest unfinished batch, or the cursor. The looks for batches to
+// take over and for failed messages due again, and the rotation, are
+// [Store.Maintain]'s, which a relay calls beside its claims; a claim loop
+// that never calls it has its claims make them.
 //
 // An ordered table of the log layout ([LogOrderSchema], or
 // [Store.ConvertOrdering]) has an order trigger too: it takes the key's
