@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"encoding/binary"
 	"time"
 
@@ -81,3 +82,7 @@ func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) 
 	q := s.queriesNow()
 	return q.claim, q.markPublished, q.release, q.markFailed
 }
+
+// RotateLog rotates the batch and settle tables of the log store of s now,
+// as Maintain does every second.
+func RotateLog(ctx context.Context, s *Store) error { return s.log.rotate(ctx, s.db) }

@@ -195,7 +195,8 @@ func (s *Store) queryCount(ctx context.Context, db *sql.DB, what, query string, 
 // every second while the table is ordered. On an unordered table (as the
 // store last read its mode) it only brings back what ordered mode held
 // before, and relays call it once when they start or the table turns
-// unordered. It returns how many messages it held and brought back.
+// unordered. It returns how many messages it held and brought back. On a
+// table of LayoutLog, which holds nothing, it does nothing.
 func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	db, err := s.pool()
 	if err != nil {
@@ -204,7 +205,7 @@ func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	if ls, err := s.logged(ctx); err != nil {
 		return 0, 0, err
 	} else if ls != nil {
-		return 0, 0, ls.rotate(ctx, db) // nothing is held in a log table; its bookkeeping is rotated
+		return 0, 0, nil // nothing is held in a log table (see divert); Maintain rotates it
 	}
 	q := s.queriesNow()
 	if s.Ordering() == OrderedByKey {
