@@ -80,7 +80,7 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 	// Messages already claimed are returned even if a later step failed:
 	// the next claim meets the failure again.
 	if !tended && ls.due(&ls.nextRotate, rotateEvery) {
-		if err := ls.maintain(ctx, db); err != nil && ctx.Err() == nil {
+		if err := ls.rotateAll(ctx, db); err != nil && ctx.Err() == nil {
 			ls.s.logger.WarnContext(ctx, "outbox: Rotating the partitions of a log table failed; trying again in a second",
 				slog.String("table", ls.s.t.full), slog.Any("error", err))
 		}
@@ -102,7 +102,7 @@ func (ls *logStore) tend(ctx context.Context, db *sql.DB) error {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("looking for batches to take over: %w", err))
 		case cand != nil:
-			ls.setNow(&ls.scanNow)
+			ls.scanSoon()
 		}
 	}
 	if ls.due(&ls.nextFailed, 0) {
@@ -111,11 +111,11 @@ func (ls *logStore) tend(ctx context.Context, db *sql.DB) error {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("looking for failed messages due again: %w", err))
 		case found:
-			ls.setNow(&ls.failedNow)
+			ls.failedSoon()
 		}
 	}
 	if ls.due(&ls.nextRotate, rotateEvery) {
-		if err := ls.maintain(ctx, db); err != nil {
+		if err := ls.rotateAll(ctx, db); err != nil {
 			errs = append(errs, fmt.Errorf("rotating the partitions: %w", err))
 		}
 	}
@@ -172,15 +172,9 @@ func (ls *logStore) lookedFor(empty bool, lease time.Duration) {
 	ls.lookEvery = max(lookEvery, min(2*ls.lookEvery, lease/4, lookEveryIdle))
 }
 
-// setNow makes the next claim make the look of *now at once.
-func (ls *logStore) setNow(now *bool) {
-	ls.mu.Lock()
-	*now = true
-	ls.mu.Unlock()
-}
-
 // scanSoon and failedSoon make the next claim look at once, and the looks
-// frequent again: after a release or a failure in this process.
+// frequent again: a look found work, or this process released a batch or
+// failed a message.
 func (ls *logStore) scanSoon()   { ls.soon(&ls.scanNow) }
 func (ls *logStore) failedSoon() { ls.soon(&ls.failedNow) }
 

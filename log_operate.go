@@ -282,10 +282,11 @@ func (ls *logStore) purgeableNow(ctx context.Context, q querier, part string, ol
 	return ok, err
 }
 
-// maintain keeps the rotation going: it empties the partition writers
+// rotateAll keeps the rotation going: it empties the partition writers
 // reach after the next one, if it is settled, and the finished partitions
-// of the batch and settle tables. Claims call it every second.
-func (ls *logStore) maintain(ctx context.Context, db *sql.DB) error {
+// of the batch and settle tables. Maintain calls it every second (claims
+// do, when nothing calls Maintain).
+func (ls *logStore) rotateAll(ctx context.Context, db *sql.DB) error {
 	cur, err := ls.current(ctx, db)
 	if err != nil {
 		return err
