@@ -230,11 +230,14 @@ type bencher struct {
 	phases          *phaseObserver // of the last relay run
 	deadBefore      int64          // the table's dead row versions before and after the last latency run
 	deadAfter       int64
-	walDuring       int64 // WAL flushes of the whole server during the last relay run of a throughput run, -1 if unknown
+	walDuring       int64   // WAL flushes of the whole server during the last relay run of a throughput run, -1 if unknown
+	relayPID        int     // the relay's process while it runs, with --relay-process
+	cpu             cpuCost // where the CPU went in the last phase of a throughput run
 }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 	var broker, shaped, relayed, ordered figure
+	var cpuBroker, cpuShaped, cpuRelay costs
 	var outOfOrder, outOfOrderOrdered int
 	keys := "a key of its own for each"
 	if b.o.keys > 0 {
@@ -245,17 +248,22 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 		if err != nil {
 			return err
 		}
+		brokerCPU := b.cpu
 		limitShaped, err := b.brokerOnly(ctx, true)
 		if err != nil {
 			return err
 		}
+		shapedCPU := b.cpu
 		rate, late, err := b.relayRun(ctx, b.store)
 		if err != nil {
 			return err
 		}
 		broker, shaped, relayed, outOfOrder = append(broker, limit), append(shaped, limitShaped), append(relayed, rate), outOfOrder+late
+		cpuBroker, cpuShaped, cpuRelay = append(cpuBroker, brokerCPU), append(cpuShaped, shapedCPU), append(cpuRelay, b.cpu)
 		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s%s; %d dead row versions left by the run%s; relay: %s\n",
 			run, limit, limitShaped, rate, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
+		fmt.Fprintf(b.stderr, "bench: run %d: CPU: broker alone: %s; the relay's messages: %s; relay: %s\n",
+			run, brokerCPU.text(false), shapedCPU.text(false), b.cpu.text(b.o.relayProcess))
 		if b.o.ordered {
 			rate, late, err := b.relayRun(ctx, b.orderedStore)
 			if err != nil {
@@ -270,6 +278,10 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 		b.o.messages, keys, relayed, relayed.median()/broker.median(), outOfOrder)
 	fmt.Fprintf(out, "bench: broker alone publishing what the relay publishes (a key header, type, timestamp): %s msgs/s; the relay = %.2f × that\n",
 		shaped, relayed.median()/shaped.median())
+	if c := cpuRelay.median(); c.ok {
+		fmt.Fprintf(out, "bench: CPU (medians): broker alone: %s; broker alone with the relay's messages: %s; relay: %s\n",
+			cpuBroker.median().text(false), cpuShaped.median().text(false), c.text(b.o.relayProcess))
+	}
 	if b.o.ordered {
 		fmt.Fprintf(out, "bench: relay in ordered mode, same messages: %s msgs/s = %.2f × unordered, %.2f × the broker alone; %d first deliveries out of their key's order\n",
 			ordered, ordered.median()/relayed.median(), ordered.median()/broker.median(), outOfOrderOrdered)
@@ -353,6 +365,7 @@ func (b *bencher) brokerOnly(ctx context.Context, shape bool) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	cpu := readCPU(0)
 	start := time.Now()
 	confirms := make([]*amqp.DeferredConfirmation, 0, b.o.messages)
 	oldest := 0
@@ -384,7 +397,9 @@ func (b *bencher) brokerOnly(ctx context.Context, shape bool) (float64, error) {
 	if err := wait(); err != nil {
 		return 0, err
 	}
-	return float64(b.o.messages) / time.Since(start).Seconds(), nil
+	elapsed := time.Since(start)
+	b.cpu = readCPU(0).sub(cpu).per(b.o.messages)
+	return float64(b.o.messages) / elapsed.Seconds(), nil
 }
 
 // startRelay runs a relay with the default configuration (the batch size
@@ -506,6 +521,7 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 		return 0, 0, err
 	}
 	wal := b.walFlushes(ctx)
+	cpu := readCPU(0)
 	start := time.Now()
 	stop, err := b.startRelay(ctx, store, onFail)
 	if err != nil {
@@ -513,6 +529,7 @@ func (b *bencher) relayRun(ctx context.Context, store *outbox.Store) (float64, i
 	}
 	err = wait()
 	elapsed := time.Since(start)
+	b.cpu = readCPU(b.relayPID).sub(cpu).per(b.o.messages) // before the relay's process ends
 	b.walDuring = -1
 	if now := b.walFlushes(ctx); wal >= 0 && now >= 0 {
 		b.walDuring = now - wal

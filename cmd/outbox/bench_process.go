@@ -37,6 +37,7 @@ func (b *bencher) startRelayProcess(st *outbox.Store) (func() relay.Stats, error
 		return nil, err
 	}
 	b.phases = nil // measured in the other process
+	b.relayPID = cmd.Process.Pid
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(stderr.String(), "relay: Started"); {
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
@@ -50,6 +51,7 @@ func (b *bencher) startRelayProcess(st *outbox.Store) (func() relay.Stats, error
 		if err := cmd.Wait(); err != nil {
 			fmt.Fprintf(b.stderr, "bench: the relay process: %v\n%s", err, stderr.String())
 		}
+		b.relayPID = 0
 		var st relay.Stats
 		_, _ = fmt.Sscanf(stdout.String(), "relay stopped: %d published, %d failed, %d released, %d leases lost",
 			&st.Published, &st.Failed, &st.Released, &st.LeasesLost)
