@@ -41,7 +41,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("relay", x, outbox.TableDefault)
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
-	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set")
+	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
 	inFlight := c.fs.Int("max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own")
 	lease := c.fs.Duration("lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
 	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
@@ -82,6 +82,14 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		// the scanned rows): ask the GC to stay near that, rather than
 		// let the heap double before it collects.
 		rtdebug.SetMemoryLimit(2**batchBytes + 32<<20)
+	}
+	if os.Getenv("GOGC") == "" {
+		// The relay allocates for every message (the rows it reads, the
+		// frames it writes) and keeps little, so with Go's default the GC
+		// runs whenever a few MB were allocated: a quarter of the relay's
+		// CPU at 15,000 messages/s (BENCHMARKS.md). The memory limit
+		// above still bounds the heap when batches are large.
+		rtdebug.SetGCPercent(relayGOGC)
 	}
 	level := slog.LevelInfo
 	if *debug {
@@ -180,6 +188,11 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
 	return nil
 }
+
+// relayGOGC is the GC's target for `outbox relay` unless GOGC is set: the
+// heap may grow to 5 times what is live before the GC runs (Go's default,
+// 100, is twice).
+const relayGOGC = 400
 
 // probeTable checks at start that the table is there and ours (Gauges is
 // cheap however large the table). An error that waiting can cure (a
