@@ -71,9 +71,11 @@
 //     (an attempt counted) or released, one batch at a time, in the order
 //     the publishes ended. With a ConfirmingPublisher (AMQPPublisher is
 //     one) it also marks messages published as their confirms arrive, in
-//     groups of 25, while the rest of their batch is still being published:
-//     a relay killed then publishes again only what was confirmed in the
-//     last moments, not whole batches. One writer keeps settles from contending with
+//     groups (at least 25 before the publisher waits for the next confirm,
+//     and all that arrived together: a busy broker's multiple acks make one
+//     group, one statement), while the rest of their batch is still being
+//     published: a relay killed then publishes again only what was confirmed
+//     in the last moments, not whole batches. One writer keeps settles from contending with
 //     each other and with the claims on a small database (with a settle per
 //     publisher, throughput on two cores fell by a quarter).
 //   - A goroutine beside them calls Store.Maintain every 100ms (after a
