@@ -61,7 +61,7 @@ func (p *amqpLane) dial(ctx context.Context) error {
 			return err
 		}
 		i := (p.next + k) % n
-		conn, err := p.dialer.Dial(ctx, i)
+		conn, gather, err := p.dialer.DialGather(ctx, i)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p.dialer.Display(i), err))
 			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.dialer.Display(i)), slog.String("error", err.Error()))
@@ -76,7 +76,7 @@ func (p *amqpLane) dial(ctx context.Context) error {
 				continue
 			}
 		}
-		p.conn = conn
+		p.conn, p.gather = conn, gather
 		blocked := &atomic.Bool{}
 		p.blocked = blocked
 		go func(c chan amqp.Blocking) { // always drained, see ensureChannel
@@ -110,7 +110,7 @@ func (p *amqpLane) discard(all bool) {
 	}
 	if p.conn != nil && (all || p.conn.IsClosed()) {
 		_ = p.conn.CloseDeadline(time.Now().Add(closeGrace))
-		p.conn = nil
+		p.conn, p.gather = nil, nil
 		p.logger.Warn("relay: Broker connection dropped; reconnecting on the next batch")
 	}
 }
@@ -135,7 +135,7 @@ func (p *AMQPPublisher) Close() error {
 			if err := l.conn.CloseDeadline(time.Now().Add(closeGrace)); err != nil && !errors.Is(err, amqp.ErrClosed) {
 				errs = append(errs, err)
 			}
-			l.conn = nil
+			l.conn, l.gather = nil, nil
 		}
 		l.mu.Unlock()
 	}

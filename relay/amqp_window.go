@@ -152,6 +152,8 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message, rep
 			}
 		}
 	}
+	// The window's publishes go out together when it is sent (Gather).
+	p.gather.Hold()
 	for i := range msgs {
 		m := &msgs[i]
 		if int64(len(m.Payload)) > maxSize {
@@ -185,6 +187,10 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message, rep
 		}
 		pending = append(pending, inflight{i, dc})
 		drain()
+	}
+	if err := p.gather.Flush(); err != nil && pubErr == nil {
+		// The socket is closed: what was not confirmed is a broker fault.
+		pubErr = err
 	}
 
 	// Await every confirm. Returns for a message precede its confirm, and are

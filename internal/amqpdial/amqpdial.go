@@ -91,7 +91,16 @@ func (d *Dialer) Redact(s string) string {
 // socket is closed when ctx ends, so that a shutdown is not held up by a
 // broker that accepts connections and then does not answer.
 func (d *Dialer) Dial(ctx context.Context, i int) (*amqp.Connection, error) {
+	conn, _, err := d.DialGather(ctx, i)
+	return conn, err
+}
+
+// DialGather is Dial, and returns the socket under the connection, to
+// gather the writes of a window of publishes (see Gather). With amqps://
+// it is under TLS: what it gathers are TLS records.
+func (d *Dialer) DialGather(ctx context.Context, i int) (*amqp.Connection, *Gather, error) {
 	var (
+		gather  *Gather
 		mu      sync.Mutex
 		sockets []net.Conn
 	)
@@ -125,16 +134,20 @@ func (d *Dialer) Dial(ctx context.Context, i int) (*amqp.Connection, error) {
 			mu.Lock()
 			sockets = append(sockets, s)
 			mu.Unlock()
-			return s, nil
+			gather = &Gather{Conn: s}
+			return gather, nil
 		},
 	})
 	if !stop() { // ctx ended during the dial: whatever it produced is closed
 		if conn != nil {
 			_ = conn.Close()
 		}
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	return conn, err // amqp091-go's errors do not quote the URL
+	if err != nil {
+		return nil, nil, err // amqp091-go's errors do not quote the URL
+	}
+	return conn, gather, nil
 }
 
 // Display names a broker node without its credentials.
