@@ -18,6 +18,7 @@ import (
 type cpuUse struct {
 	rabbit, postgres, bench, relay, busy, idle float64
 	ok                                         bool
+	sawRabbit, sawPostgres                     bool // their processes are on this machine
 }
 
 // userHZ is the unit of /proc's CPU times: Linux reports them in 1/100 s
@@ -65,8 +66,10 @@ func readCPU(relayPID int) cpuUse {
 			// The postmaster's children's times hold the backends that
 			// ended (and were reaped) since the last reading.
 			u.postgres += own + children
+			u.sawPostgres = true
 		case comm == "beam.smp":
 			u.rabbit += own
+			u.sawRabbit = true
 		}
 	}
 	u.ok = true
@@ -96,7 +99,8 @@ func procTimes(dir string) (comm string, own, children float64, ok bool) {
 // sub returns what was used between b and u.
 func (u cpuUse) sub(b cpuUse) cpuUse {
 	return cpuUse{rabbit: u.rabbit - b.rabbit, postgres: u.postgres - b.postgres, bench: u.bench - b.bench, relay: u.relay - b.relay,
-		busy: u.busy - b.busy, idle: u.idle - b.idle, ok: u.ok && b.ok}
+		busy: u.busy - b.busy, idle: u.idle - b.idle, ok: u.ok && b.ok,
+		sawRabbit: u.sawRabbit && b.sawRabbit, sawPostgres: u.sawPostgres && b.sawPostgres}
 }
 
 // cpuCost is the CPU a phase used per 1,000 messages, by part, and the
@@ -105,6 +109,7 @@ type cpuCost struct {
 	rabbit, postgres, bench, relay, rest float64 // milliseconds per 1,000 messages
 	idle                                 float64 // share of the machine's time, 0-1
 	ok                                   bool
+	sawRabbit, sawPostgres               bool // their processes are on this machine
 }
 
 func (u cpuUse) per(messages int) cpuCost {
@@ -113,7 +118,8 @@ func (u cpuUse) per(messages int) cpuCost {
 	}
 	k := 1e6 / float64(messages) // seconds per message → ms per 1,000
 	return cpuCost{rabbit: u.rabbit * k, postgres: u.postgres * k, bench: u.bench * k, relay: u.relay * k,
-		rest: max(u.busy-u.rabbit-u.postgres-u.bench-u.relay, 0) * k, idle: u.idle / (u.busy + u.idle), ok: true}
+		rest: max(u.busy-u.rabbit-u.postgres-u.bench-u.relay, 0) * k, idle: u.idle / (u.busy + u.idle), ok: true,
+		sawRabbit: u.sawRabbit, sawPostgres: u.sawPostgres}
 }
 
 // text says where a phase's CPU went; relayProcess says whether the
@@ -122,12 +128,18 @@ func (c cpuCost) text(relayProcess bool) string {
 	if !c.ok {
 		return "unknown (no /proc)"
 	}
+	server := func(name string, ms float64, here bool) string {
+		if !here {
+			return name + " not on this machine"
+		}
+		return fmt.Sprintf("%s %.0f", name, ms)
+	}
 	relay := ""
 	if relayProcess {
 		relay = fmt.Sprintf(", the relay's process %.0f", c.relay)
 	}
-	return fmt.Sprintf("RabbitMQ %.0f, PostgreSQL %.0f%s, the bench %.0f, the rest %.0f ms per 1,000 messages; machine %.0f%% idle",
-		c.rabbit, c.postgres, relay, c.bench, c.rest, 100*c.idle)
+	return fmt.Sprintf("%s, %s%s, the bench %.0f, the rest %.0f ms per 1,000 messages; machine %.0f%% idle",
+		server("RabbitMQ", c.rabbit, c.sawRabbit), server("PostgreSQL", c.postgres, c.sawPostgres), relay, c.bench, c.rest, 100*c.idle)
 }
 
 // costs is one cpuCost per run.
@@ -155,5 +167,9 @@ func (cs costs) median() cpuCost {
 	m.relay = pick(func(c cpuCost) float64 { return c.relay })
 	m.rest = pick(func(c cpuCost) float64 { return c.rest })
 	m.idle = pick(func(c cpuCost) float64 { return c.idle })
+	for _, c := range cs {
+		m.sawRabbit = m.sawRabbit || c.sawRabbit
+		m.sawPostgres = m.sawPostgres || c.sawPostgres
+	}
 	return m
 }

@@ -53,3 +53,24 @@ func TestReadCPUSeesThisProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUTextNamesServersElsewhere: a server whose processes are not on
+// this machine is said to be elsewhere, not to cost nothing.
+func TestCPUTextNamesServersElsewhere(t *testing.T) {
+	t.Parallel()
+	here := cpuCost{rabbit: 53.4, postgres: 14.6, bench: 21, relay: 14, idle: 0.12, ok: true, sawRabbit: true, sawPostgres: true}
+	if got, want := here.text(true), "RabbitMQ 53, PostgreSQL 15, the relay's process 14, the bench 21, the rest 0 ms per 1,000 messages; machine 12% idle"; got != want {
+		t.Fatalf("text = %q, want %q", got, want)
+	}
+	remote := here
+	remote.sawRabbit = false
+	if got, want := remote.text(false), "RabbitMQ not on this machine, PostgreSQL 15, the bench 21, the rest 0 ms per 1,000 messages; machine 12% idle"; got != want {
+		t.Fatalf("text = %q, want %q", got, want)
+	}
+	if got := (costs{remote, here}).median(); !got.sawRabbit || !got.sawPostgres {
+		t.Fatalf("median lost where the servers are: %+v", got)
+	}
+	if got := (cpuCost{}).text(false); got != "unknown (no /proc)" {
+		t.Fatalf("text of nothing = %q", got)
+	}
+}
