@@ -14,9 +14,9 @@ import (
 // messages due again, and the rotation of its partitions. A relay does
 // them from a goroutine of its own (Store.Maintain): a look takes a few
 // milliseconds, the rotation 5 to 10 and at times 30, and every message
-// committed meanwhile would wait for them if the claims made them. The claims then
-// only take what a look found. A claim loop that never calls Maintain
-// makes them in its claims, as due.
+// committed meanwhile would wait for them if the claims made them. The
+// claims then only take what a look found. A claim loop that never calls
+// Maintain makes them in its claims, as due.
 
 // How often the looks are made: every lookEvery while claims find work;
 // while they find none, twice as long after each look, up to a quarter of

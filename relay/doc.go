@@ -75,9 +75,10 @@
 //     and all that arrived together: a busy broker's multiple acks make one
 //     group, one statement), while the rest of their batch is still being
 //     published: a relay killed then publishes again only what was confirmed
-//     in the last moments, not whole batches. One writer keeps settles from contending with
-//     each other and with the claims on a small database (with a settle per
-//     publisher, throughput on two cores fell by a quarter).
+//     in the last moments, not whole batches. One writer keeps settles from
+//     contending with each other and with the claims on a small database
+//     (with a settle per publisher, throughput on two cores fell by a
+//     quarter).
 //   - A goroutine beside them calls Store.Maintain every 100ms (after a
 //     failure, after the relay's backoff): on a table of the log layout it
 //     looks for batches to take over and for failed messages due again,

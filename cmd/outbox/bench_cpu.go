@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -147,7 +148,10 @@ type costs []cpuCost
 
 // median returns the part-by-part medians of the runs.
 func (cs costs) median() cpuCost {
-	var m cpuCost
+	m := cpuCost{ok: slices.ContainsFunc(cs, func(c cpuCost) bool { return c.ok })}
+	if !m.ok {
+		return m
+	}
 	pick := func(get func(cpuCost) float64) float64 {
 		var f figure
 		for _, c := range cs {
@@ -155,10 +159,6 @@ func (cs costs) median() cpuCost {
 				f = append(f, get(c))
 			}
 		}
-		if len(f) == 0 {
-			return 0
-		}
-		m.ok = true
 		return f.median()
 	}
 	m.rabbit = pick(func(c cpuCost) float64 { return c.rabbit })

@@ -91,7 +91,7 @@ func (d *Dialer) Redact(s string) string {
 // socket is closed when ctx ends, so that a shutdown is not held up by a
 // broker that accepts connections and then does not answer.
 func (d *Dialer) Dial(ctx context.Context, i int) (*amqp.Connection, error) {
-	conn, _, err := d.DialGather(ctx, i)
+	conn, _, err := d.dial(ctx, i, false)
 	return conn, err
 }
 
@@ -99,8 +99,14 @@ func (d *Dialer) Dial(ctx context.Context, i int) (*amqp.Connection, error) {
 // gather the writes of a window of publishes (see Gather). With amqps://
 // it is under TLS: what it gathers are TLS records.
 func (d *Dialer) DialGather(ctx context.Context, i int) (*amqp.Connection, *Gather, error) {
+	return d.dial(ctx, i, true)
+}
+
+// dial connects to node i, with a Gather under the connection if gather
+// is set (a consumer's writes, acks one at a time, gain nothing from one).
+func (d *Dialer) dial(ctx context.Context, i int, gather bool) (*amqp.Connection, *Gather, error) {
 	var (
-		gather  *Gather
+		g       *Gather
 		mu      sync.Mutex
 		sockets []net.Conn
 	)
@@ -134,8 +140,11 @@ func (d *Dialer) DialGather(ctx context.Context, i int) (*amqp.Connection, *Gath
 			mu.Lock()
 			sockets = append(sockets, s)
 			mu.Unlock()
-			gather = &Gather{Conn: s}
-			return gather, nil
+			if !gather {
+				return s, nil
+			}
+			g = &Gather{Conn: s}
+			return g, nil
 		},
 	})
 	if !stop() { // ctx ended during the dial: whatever it produced is closed
@@ -147,7 +156,7 @@ func (d *Dialer) DialGather(ctx context.Context, i int) (*amqp.Connection, *Gath
 	if err != nil {
 		return nil, nil, err // amqp091-go's errors do not quote the URL
 	}
-	return conn, gather, nil
+	return conn, g, nil
 }
 
 // Display names a broker node without its credentials.
