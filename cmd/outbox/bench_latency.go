@@ -187,7 +187,7 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 // as the relay would have (relay.Publishing), without waiting for its
 // confirm, and one that waits for every confirm and closes the channel.
 func (b *bencher) directPublisher(ctx context.Context) (func(key string) error, func(), error) {
-	ch, err := b.conn.Channel()
+	ch, err := b.pubConn.Channel()
 	if err != nil {
 		return nil, nil, err
 	}
