@@ -6,8 +6,8 @@ import "sync"
 // table, and relays in the same process (relay.Run subscribes through
 // Store.Subscribe) claim at once instead of at their next poll. The
 // announcement comes when the INSERT is done, before the caller commits;
-// a relay that finds nothing yet polls again within milliseconds, with
-// waits that double until the commit is visible.
+// a relay that finds nothing yet claims again at once, then every
+// millisecond for a few, until the commit is visible.
 var wakeups struct {
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{} // by quoted table name

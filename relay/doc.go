@@ -60,7 +60,11 @@
 //     the latency), and after an empty claim it waits 1ms, doubling up to
 //     Config.PollInterval, unless a wake-up comes first (the store's
 //     Subscribe for writes in this process, Config.Wakeup for others, see
-//     package pgwake) or a batch is settled. After a failed claim, or a
+//     package pgwake) or a batch is settled. A wake-up from this process
+//     comes before the writer's commit (Add wakes as it inserts): when the
+//     claim it starts finds nothing, the claimer claims again at once, by
+//     when the commit has most likely landed, then every 1ms for a few
+//     milliseconds before the waits grow again. After a failed claim, or a
 //     broker fault the settler reported, it backs off (jittered, from 100ms
 //     to Config.BackoffMax), and no wake-up cuts that short.
 //   - The publishers (Config.MaxInFlight goroutines) each publish a batch

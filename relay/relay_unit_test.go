@@ -455,11 +455,12 @@ func TestRunBacksOff(t *testing.T) {
 	var waits []wait
 	ctx, cancel := context.WithCancel(context.Background())
 	r := newTestRelay(t, store, pub, &Config{BatchSize: 2, PollInterval: 5 * time.Second, BackoffMax: time.Minute, Wakeup: make(chan struct{})})
-	r.sleepHook = func(d time.Duration, wakeable bool) {
+	r.sleepHook = func(d time.Duration, wakeable bool) bool {
 		waits = append(waits, wait{d, wakeable})
 		if len(waits) == 7 {
 			cancel()
 		}
+		return false
 	}
 	require.NoError(t, r.Run(ctx))
 	require.Len(t, waits, 7)
@@ -517,11 +518,12 @@ func TestHealthReportsPermanentErrors(t *testing.T) {
 
 	var seen []Health
 	var mu sync.Mutex
-	r.sleepHook = func(time.Duration, bool) {
+	r.sleepHook = func(time.Duration, bool) bool {
 		mu.Lock()
 		seen = append(seen, r.Health())
 		mu.Unlock()
 		time.Sleep(time.Millisecond)
+		return false
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -590,17 +592,47 @@ func TestIdleRelayIsCheap(t *testing.T) {
 	var slept time.Duration
 	var n int
 	ctx, cancel := context.WithCancel(context.Background())
-	r.sleepHook = func(d time.Duration, _ bool) {
+	r.sleepHook = func(d time.Duration, _ bool) bool {
 		slept += d
 		if n++; n == 100 {
 			cancel()
 		}
+		return false
 	}
 	require.NoError(t, r.Run(ctx))
 	perSecond := float64(store.claimCount()) / slept.Seconds()
 	t.Logf("idle: %d claims over %s of waits: %.1f claims/s", store.claimCount(), slept, perSecond)
 	require.LessOrEqual(t, perSecond, 20.0)
 	require.Equal(t, PollIntervalDefault, r.cfg.PollInterval)
+}
+
+// A wake-up comes before the writer's commit (Add wakes as it inserts):
+// when the claim it starts finds nothing, the claimer claims again at
+// once, not a millisecond later, and only then polls 1ms apart.
+func TestEmptyClaimAfterWakeUpRetriedAtOnce(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	r := newTestRelay(t, store, PublisherFunc(publishNothing), &Config{PollInterval: time.Second, Wakeup: make(chan struct{})})
+	type sleep struct {
+		d        time.Duration
+		claims   int // claims made before this sleep
+		wakeable bool
+	}
+	var sleeps []sleep
+	ctx, cancel := context.WithCancel(context.Background())
+	r.sleepHook = func(d time.Duration, wakeable bool) bool {
+		sleeps = append(sleeps, sleep{d, store.claimCount(), wakeable})
+		if len(sleeps) == 5 {
+			cancel()
+		}
+		return len(sleeps) == 2 // the second wait is cut short by a wake-up
+	}
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, []sleep{
+		{time.Millisecond, 1, true}, {2 * time.Millisecond, 2, true}, // idle: waits double
+		{time.Millisecond, 4, true},                              // woken: a claim, empty, and at once another
+		{time.Millisecond, 5, true}, {time.Millisecond, 6, true}, // then 1ms apart for a few milliseconds
+	}, sleeps)
 }
 
 // publishNothing is a Publisher function for tests that never publish.

@@ -220,9 +220,11 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // or more, 1ms after a shorter one (under load a claim then gathers a few
 // more messages instead of costing the database a round trip per handful),
 // and after an empty one it waits 1ms, doubling up to PollInterval; a
-// wake-up or a settled batch cuts those waits short. After a failure (its own claim,
-// or a broker fault the settler reported) it backs off, and nothing cuts that
-// short. It returns when ctx ends, or with an error nothing can repair.
+// wake-up or a settled batch cuts those waits short, and an empty claim
+// right after a wake-up is made again at once. After a failure (its own
+// claim, or a broker fault the settler reported) it backs off, and nothing
+// cuts that short. It returns when ctx ends, or with an error nothing can
+// repair.
 func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
 	modeRead := time.Now()
@@ -287,6 +289,12 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 		case burst > 0:
 			failures = 0
 			burst--
+			if burst == wakeBurst-1 {
+				// The first claim after a wake-up found nothing: it most
+				// likely ran before the writer's commit (Add wakes before
+				// it), which has landed by the end of a claim's round trip.
+				continue
+			}
 			wait = r.pollFirst
 		default:
 			failures = 0
@@ -384,8 +392,7 @@ func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, er
 // wake-up ended it.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2, w3 <-chan struct{}) bool {
 	if r.sleepHook != nil { // tests
-		r.sleepHook(d, w1 != nil || w2 != nil || w3 != nil)
-		return false
+		return r.sleepHook(d, w1 != nil || w2 != nil || w3 != nil)
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
