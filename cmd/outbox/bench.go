@@ -169,20 +169,27 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 		fmt.Fprintln(c.stderr, "bench: holding a REPEATABLE READ snapshot open until the end (--hold-snapshot)")
 	}
 
-	conn, err := amqp.Dial(urls[0])
-	if err != nil {
-		return fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
-	}
-	defer conn.Close()
 	// The bench's own publishing has a connection of its own, as the relay
 	// has: RabbitMQ's flow control stops reading a connection that
 	// publishes faster than its queue takes, and a consumer on that
 	// connection then has its acks held back with the publishes. On a
 	// machine where the broker was the bound, the broker alone made 7,413
 	// msgs/s with one connection and 9,359 with two (BENCHMARKS.md).
-	pubConn, err := amqp.DialConfig(urls[0], amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US", Properties: amqp.Table{"connection_name": "outbox-bench-publisher"}})
+	dial := func(name string) (*amqp.Connection, error) {
+		conn, err := amqp.DialConfig(urls[0], amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US", Properties: amqp.Table{"connection_name": name}})
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
+		}
+		return conn, nil
+	}
+	conn, err := dial("outbox-bench-consumer")
 	if err != nil {
-		return fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
+		return err
+	}
+	defer conn.Close()
+	pubConn, err := dial("outbox-bench-publisher")
+	if err != nil {
+		return err
 	}
 	defer pubConn.Close()
 	ch, err := conn.Channel()
