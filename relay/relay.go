@@ -164,7 +164,7 @@ type Relay struct {
 	ordered     atomic.Bool                               // the claimer's: the table's mode, as last read
 	pollFirst   time.Duration                             // the first wait after an empty claim
 	backoff     outbox.BackoffFunc                        // waits after broker or database failures
-	sleepHook   func(d time.Duration, wakeable bool) bool // tests: replaces sleeping, and says whether a wake-up ended it
+	sleepHook   func(d time.Duration, wakeable bool) woken // tests: replaces sleeping, and says what ended it
 }
 
 type counters struct {

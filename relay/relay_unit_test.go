@@ -455,12 +455,12 @@ func TestRunBacksOff(t *testing.T) {
 	var waits []wait
 	ctx, cancel := context.WithCancel(context.Background())
 	r := newTestRelay(t, store, pub, &Config{BatchSize: 2, PollInterval: 5 * time.Second, BackoffMax: time.Minute, Wakeup: make(chan struct{})})
-	r.sleepHook = func(d time.Duration, wakeable bool) bool {
+	r.sleepHook = func(d time.Duration, wakeable bool) woken {
 		waits = append(waits, wait{d, wakeable})
 		if len(waits) == 7 {
 			cancel()
 		}
-		return false
+		return notWoken
 	}
 	require.NoError(t, r.Run(ctx))
 	require.Len(t, waits, 7)
@@ -518,12 +518,12 @@ func TestHealthReportsPermanentErrors(t *testing.T) {
 
 	var seen []Health
 	var mu sync.Mutex
-	r.sleepHook = func(time.Duration, bool) bool {
+	r.sleepHook = func(time.Duration, bool) woken {
 		mu.Lock()
 		seen = append(seen, r.Health())
 		mu.Unlock()
 		time.Sleep(time.Millisecond)
-		return false
+		return notWoken
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -592,12 +592,12 @@ func TestIdleRelayIsCheap(t *testing.T) {
 	var slept time.Duration
 	var n int
 	ctx, cancel := context.WithCancel(context.Background())
-	r.sleepHook = func(d time.Duration, _ bool) bool {
+	r.sleepHook = func(d time.Duration, _ bool) woken {
 		slept += d
 		if n++; n == 100 {
 			cancel()
 		}
-		return false
+		return notWoken
 	}
 	require.NoError(t, r.Run(ctx))
 	perSecond := float64(store.claimCount()) / slept.Seconds()
@@ -606,33 +606,46 @@ func TestIdleRelayIsCheap(t *testing.T) {
 	require.Equal(t, PollIntervalDefault, r.cfg.PollInterval)
 }
 
-// A wake-up comes before the writer's commit (Add wakes as it inserts):
-// when the claim it starts finds nothing, the claimer claims again at
-// once, not a millisecond later, and only then polls 1ms apart.
+// A wake-up from a writer in this process comes before its commit (Add
+// wakes as it inserts): when the claim it starts finds nothing, the
+// claimer claims again at once, not a millisecond later, and only then
+// polls 1ms apart. Another wake-up (another process's commit, a settled
+// batch) comes after what it announces: no claim is made again at once.
 func TestEmptyClaimAfterWakeUpRetriedAtOnce(t *testing.T) {
 	t.Parallel()
-	store := &fakeStore{}
-	r := newTestRelay(t, store, PublisherFunc(publishNothing), &Config{PollInterval: time.Second, Wakeup: make(chan struct{})})
 	type sleep struct {
 		d        time.Duration
 		claims   int // claims made before this sleep
 		wakeable bool
 	}
-	var sleeps []sleep
-	ctx, cancel := context.WithCancel(context.Background())
-	r.sleepHook = func(d time.Duration, wakeable bool) bool {
-		sleeps = append(sleeps, sleep{d, store.claimCount(), wakeable})
-		if len(sleeps) == 5 {
-			cancel()
+	sleeps := func(t *testing.T, by woken) []sleep {
+		store := &fakeStore{}
+		r := newTestRelay(t, store, PublisherFunc(publishNothing), &Config{PollInterval: time.Second, Wakeup: make(chan struct{})})
+		var got []sleep
+		ctx, cancel := context.WithCancel(context.Background())
+		r.sleepHook = func(d time.Duration, wakeable bool) woken {
+			got = append(got, sleep{d, store.claimCount(), wakeable})
+			if len(got) == 5 {
+				cancel()
+			}
+			if len(got) == 2 { // the second wait is cut short by a wake-up
+				return by
+			}
+			return notWoken
 		}
-		return len(sleeps) == 2 // the second wait is cut short by a wake-up
+		require.NoError(t, r.Run(ctx))
+		return got
 	}
-	require.NoError(t, r.Run(ctx))
 	require.Equal(t, []sleep{
 		{time.Millisecond, 1, true}, {2 * time.Millisecond, 2, true}, // idle: waits double
-		{time.Millisecond, 4, true},                              // woken: a claim, empty, and at once another
+		{time.Millisecond, 4, true},                              // woken by a writer: a claim, empty, and at once another
 		{time.Millisecond, 5, true}, {time.Millisecond, 6, true}, // then 1ms apart for a few milliseconds
-	}, sleeps)
+	}, sleeps(t, wokenFirst))
+	require.Equal(t, []sleep{
+		{time.Millisecond, 1, true}, {2 * time.Millisecond, 2, true},
+		{time.Millisecond, 3, true}, // woken otherwise: one claim, then 1ms apart
+		{time.Millisecond, 4, true}, {time.Millisecond, 5, true},
+	}, sleeps(t, wokenOther))
 }
 
 // publishNothing is a Publisher function for tests that never publish.

@@ -227,6 +227,7 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // repair.
 func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
+	var again bool // an empty claim is made again at once: this process's writer woke the claimer, before its commit
 	modeRead := time.Now()
 	for {
 		select {
@@ -258,6 +259,8 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 		default:
 		}
 		b, err := r.claim(ctx, drain)
+		retry := again
+		again = false
 		if b == nil {
 			p.slots <- struct{}{} // nothing to hand over: the slot stays free
 		}
@@ -289,10 +292,11 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 		case burst > 0:
 			failures = 0
 			burst--
-			if burst == wakeBurst-1 {
-				// The first claim after a wake-up found nothing: it most
-				// likely ran before the writer's commit (Add wakes before
-				// it), which has landed by the end of a claim's round trip.
+			if retry {
+				// The claim after a writer's wake-up in this process found
+				// nothing: it most likely ran before the writer's commit
+				// (Add wakes as it inserts), which has landed by the end of
+				// a claim's round trip.
 				continue
 			}
 			wait = r.pollFirst
@@ -301,9 +305,14 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 			wait = min(r.cfg.PollInterval, r.pollFirst<<min(idle, 30))
 			idle++
 		}
-		if r.sleep(ctx, wait, r.cfg.Wakeup, local, p.settled) {
-			// Woken, maybe before the writer's commit: poll closely for a
-			// few milliseconds before the waits grow again.
+		switch r.sleep(ctx, wait, local, r.cfg.Wakeup, p.settled) {
+		case wokenFirst:
+			// Woken by a writer of this process, before its commit:
+			// claim, then again at once, then poll closely for a few
+			// milliseconds before the waits grow again.
+			idle, burst, again = 0, wakeBurst, true
+		case wokenOther:
+			// Another process's commit (Config.Wakeup) or a settled batch.
 			idle, burst = 0, wakeBurst
 		}
 	}
@@ -387,10 +396,19 @@ func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, er
 	r.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
+// woken says what ended a sleep.
+type woken int
+
+const (
+	notWoken   woken = iota // the wait ran out, or ctx ended
+	wokenFirst              // a value on the first channel
+	wokenOther              // a value on another
+)
+
 // sleep waits for d, the end of ctx or a value on w1, w2 or w3 (nil
-// channels never send), whichever comes first, and reports whether a
-// wake-up ended it.
-func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2, w3 <-chan struct{}) bool {
+// channels never send), whichever comes first, and reports which ended
+// it.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2, w3 <-chan struct{}) woken {
 	if r.sleepHook != nil { // tests
 		return r.sleepHook(d, w1 != nil || w2 != nil || w3 != nil)
 	}
@@ -400,11 +418,11 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, w1, w2, w3 <-chan st
 	case <-ctx.Done():
 	case <-timer.C:
 	case <-w1:
-		return true
+		return wokenFirst
 	case <-w2:
-		return true
+		return wokenOther
 	case <-w3:
-		return true
+		return wokenOther
 	}
-	return false
+	return notWoken
 }
