@@ -158,12 +158,12 @@ type Relay struct {
 	claimErr    error      // the last claim's error
 	brokerErr   error      // the last publish's broker fault
 	obs         Observer
-	maxAttempts int                                       // the store's, when it says; for Observer.Failed's parked
-	pubMu       sync.Mutex                                // one Publish at a time unless concurrent
-	concurrent  bool                                      // the publisher may be called from several publishers at once
-	ordered     atomic.Bool                               // the claimer's: the table's mode, as last read
-	pollFirst   time.Duration                             // the first wait after an empty claim
-	backoff     outbox.BackoffFunc                        // waits after broker or database failures
+	maxAttempts int                                        // the store's, when it says; for Observer.Failed's parked
+	pubMu       sync.Mutex                                 // one Publish at a time unless concurrent
+	concurrent  bool                                       // the publisher may be called from several publishers at once
+	ordered     atomic.Bool                                // the claimer's: the table's mode, as last read
+	pollFirst   time.Duration                              // the first wait after an empty claim
+	backoff     outbox.BackoffFunc                         // waits after broker or database failures
 	sleepHook   func(d time.Duration, wakeable bool) woken // tests: replaces sleeping, and says what ended it
 }
 
