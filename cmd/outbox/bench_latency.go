@@ -20,6 +20,7 @@ type latencies struct {
 	sorted     []time.Duration
 	fifths     [2]time.Duration // p50 of the first and of the last fifth of the messages, by commit time
 	lastMinute time.Duration    // p99 of the last minute's commits, in a run of more than two minutes
+	cpu        cpuCost          // where the CPU went while the writers wrote and the messages arrived
 }
 
 // pcts are the percentiles the latency bench reports.
@@ -53,25 +54,32 @@ func (f *latencyFigures) String() string {
 // so that everything but the relay loads the machine as in the relay's
 // phase.
 func (b *bencher) latency(ctx context.Context, out io.Writer) error {
-	var relayed, direct latencyFigures
+	var (
+		relayed, direct       latencyFigures
+		relayedCPU, directCPU costs
+	)
 	for run := 1; run <= b.o.runs; run++ {
-		floor := ""
+		floor, floorCPU := "", ""
 		if b.o.floor {
 			l, err := b.latencyRun(ctx, true)
 			if err != nil {
 				return err
 			}
 			direct.add(l)
+			directCPU = append(directCPU, l.cpu)
 			floor = fmt.Sprintf("; publishing directly after each commit: p50 %.1fms p99 %.1fms%s", ms(percentile(l.sorted, 0.5)), ms(percentile(l.sorted, 0.99)), lastMinuteText(l))
+			floorCPU = "; the floor: " + l.cpu.text(false)
 		}
 		l, err := b.latencyRun(ctx, false)
 		if err != nil {
 			return err
 		}
 		relayed.add(l)
+		relayedCPU = append(relayedCPU, l.cpu)
 		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms%s; %d dead row versions left by the run%s; relay: %s%s\n",
 			run, ms(percentile(l.sorted, 0.5)), ms(percentile(l.sorted, 0.99)), ms(l.fifths[0]), ms(l.fifths[1]), lastMinuteText(l),
 			b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases, floor)
+		fmt.Fprintf(b.stderr, "bench: run %d: CPU: relay: %s%s\n", run, l.cpu.text(b.o.relayProcess), floorCPU)
 	}
 	where := "in the bench's process"
 	if b.o.relayProcess {
@@ -82,6 +90,13 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "bench: commit to consume at %g msgs/s, %d writer(s), one message per transaction, relay %s: %s\n", b.o.rate, b.o.writers, where, &relayed)
 	if b.o.floor {
 		fmt.Fprintf(out, "bench: the floor, the same writers publishing each message themselves right after its commit (no relay, no guarantee): %s\n", &direct)
+	}
+	if c := relayedCPU.median(); c.ok {
+		floorCPU := ""
+		if b.o.floor {
+			floorCPU = "; the floor: " + directCPU.median().text(false)
+		}
+		fmt.Fprintf(out, "bench: CPU (medians) while the messages were written and consumed: relay: %s%s\n", c.text(b.o.relayProcess), floorCPU)
 	}
 	return nil
 }
@@ -138,6 +153,7 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 	}
 
 	// Each writer writes every writers-th message on its own schedule.
+	cpu := readCPU(b.relayPID)
 	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / b.o.rate)
 	errs := make(chan error, b.o.writers)
 	for w := range b.o.writers {
@@ -178,9 +194,12 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 	if err := wait(); err != nil {
 		return l, err
 	}
+	used := readCPU(b.relayPID).sub(cpu).per(b.o.messages) // before the relay's process ends
 	mu.Lock()
 	defer mu.Unlock()
-	return measure(committed, arrived)
+	l, err = measure(committed, arrived)
+	l.cpu = used
+	return l, err
 }
 
 // directPublisher returns a function that publishes the message of a key
