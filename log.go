@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -54,7 +56,20 @@ const (
 	logBatchChunkDefault = 1024
 	logBatchParts        = 4
 	logVersion           = 2
+	// logClaimRevision marks the claim function this version of the
+	// library creates (a comment on it): a table whose function is older
+	// works as well, at a higher cost per claim, until `outbox schema
+	// --layout log --apply` replaces the function. Revision 2 leaves out
+	// the scan of the transactions running at the window's start when
+	// there were none; functions without the mark are older.
+	logClaimRevision = 2
 )
+
+// logClaimArgs are the claim function's argument types, to name it.
+const logClaimArgs = "(integer, bigint, bigint, uuid, bigint)"
+
+// logClaimMark is the comment that marks a claim function's revision.
+const logClaimMark = "outbox claim revision "
 
 // logTables names the objects of a table of LayoutLog.
 type logTables struct {
@@ -114,6 +129,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{meta}", l.meta, "{view}", l.view, "{claimfn}", l.claimFn, "{lockkey}", lit(l.lockKey()), "{batch}", l.batch, "{settle}", l.settle, "{failed}", l.failed,
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
 		"{version}", fmt.Sprint(logVersion), "{ordered}", t.orderedNow(),
+		"{claimmark}", lit(logClaimMark + fmt.Sprint(logClaimRevision)), "{claimargs}", logClaimArgs,
 		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
 		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
 		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key"))}, more...)...)
@@ -419,6 +435,8 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION {claimfn}{claimargs} IS '{claimmark}';
+
 UPDATE {meta} SET version = {version} WHERE version < {version};
 `
 
@@ -569,6 +587,7 @@ func (s *Store) Layout(ctx context.Context) (Layout, error) {
 		rows, hasMeta  bool
 		version, parts sql.NullInt64
 		chunk, bchunk  sql.NullInt64
+		claimMark      string
 	)
 	err = db.QueryRowContext(ctx, `SELECT c.relkind::text,
 	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'published_at' AND NOT attisdropped),
@@ -581,7 +600,8 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 	case !kind.Valid:
 		return 0, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", s.t.full)
 	case hasMeta && kind.String == "p":
-		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk FROM "+l.meta+" LIMIT 1").Scan(&version, &chunk, &parts, &bchunk)
+		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk, coalesce(obj_description(to_regprocedure($1), 'pg_proc'), '') FROM "+l.meta+" LIMIT 1",
+			l.claimFn+logClaimArgs).Scan(&version, &chunk, &parts, &bchunk, &claimMark)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
 		}
@@ -594,6 +614,10 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 				ErrInvalidTable, s.t.full, version.Int64, logVersion)
 		}
 		l.chunk, l.parts, l.batchChunk = chunk.Int64, parts.Int64, bchunk.Int64
+		if rev := claimRevision(claimMark); rev < logClaimRevision {
+			s.logger.WarnContext(ctx, "outbox: The table's claim function is older than this version of the library's: relaying works, but each claim costs more than it needs to; `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent) replaces it online",
+				slog.String("table", s.t.full), slog.Int("claim_revision", rev), slog.Int("current_revision", logClaimRevision))
+		}
 		s.log = newLogStore(s, l)
 		s.layoutKnown = LayoutLog
 	case rows && kind.String == "r":
@@ -603,6 +627,17 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 			ErrInvalidTable, s.t.full, l.meta)
 	}
 	return s.layoutKnown, nil
+}
+
+// claimRevision reads the revision of a claim function from its comment:
+// 1 for a function without the mark (created before revisions were
+// marked).
+func claimRevision(comment string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(comment, logClaimMark))
+	if err != nil || !strings.HasPrefix(comment, logClaimMark) || n < 1 {
+		return 1
+	}
+	return n
 }
 
 // logged returns the log store when the table has LayoutLog, nil for the

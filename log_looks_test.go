@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/internal/syncbuf"
 )
 
 // TestLogMaintainMakesTheLooks: while Store.Maintain is called, claims
@@ -95,4 +97,37 @@ func setupLogClock(t *testing.T) (*testBundle, *time.Time) {
 	now := time.Now()
 	outbox.SetLogClock(b.store, func() time.Time { return now })
 	return b, &now
+}
+
+// A table whose claim function predates this version's (its revision
+// mark) is relayed as before, and every store that opens it says how to
+// replace the function; once replaced, none does.
+func TestLogOlderClaimFunctionReported(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	open := func() string {
+		var logs syncbuf.Buffer
+		st, err := outbox.NewStore(b.db, &outbox.StoreConfig{Table: b.table, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		require.NoError(t, err)
+		l, err := st.Layout(ctx)
+		require.NoError(t, err)
+		require.Equal(t, outbox.LayoutLog, l)
+		b.addCommitted(t, events(1)...)
+		msgs, err := st.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, msgs, 1, "relayed as before")
+		require.NoError(t, st.MarkPublished(ctx, msgs...))
+		return logs.String()
+	}
+	assert.NotContains(t, open(), "claim function", "the function this version creates")
+
+	_, err := b.db.ExecContext(ctx, `COMMENT ON FUNCTION "`+b.table+`_claim"(integer, bigint, bigint, uuid, bigint) IS NULL`)
+	require.NoError(t, err)
+	logs := open()
+	assert.Contains(t, logs, "claim function is older", "a function without the mark")
+	assert.Contains(t, logs, "claim_revision=1")
+	assert.Contains(t, logs, "outbox schema --layout log --apply")
+
+	require.NoError(t, b.store.CreateLogSchemaIfAbsent(ctx))
+	assert.NotContains(t, open(), "claim function", "replaced")
 }
