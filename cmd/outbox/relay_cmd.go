@@ -41,7 +41,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("relay", x, outbox.TableDefault)
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
-	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps near twice this unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
+	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps under (max-in-flight + 1) times this, plus 32 MiB, unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
 	inFlight := c.fs.Int("max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own")
 	lease := c.fs.Duration("lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
 	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
@@ -78,10 +78,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s), or another relay may take a batch while it is still being published", *publishTimeout, *lease)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
-		// A claim is in memory about twice (the driver's read buffer and
-		// the scanned rows): ask the GC to stay near that, rather than
-		// let the heap double before it collects.
-		rtdebug.SetMemoryLimit(2**batchBytes + 32<<20)
+		rtdebug.SetMemoryLimit(relayMemoryLimit(*batchBytes, *inFlight))
 	}
 	if os.Getenv("GOGC") == "" {
 		// The relay allocates for every message (the rows it reads, the
@@ -187,6 +184,19 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	st := r.Stats()
 	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
 	return nil
+}
+
+// relayMemoryLimit is the soft limit of `outbox relay`'s heap unless
+// GOMEMLIMIT is set: what its batches may hold at once, so that the GC
+// keeps near it rather than let the heap grow to GOGC's target. The
+// claimer claims only while fewer than inFlight batches are unsettled, so
+// at most inFlight-1 batches are being published (each holds its
+// messages, up to batchBytes of payloads and headers) while the next is
+// claimed, which is in memory about twice (the driver's read buffer and
+// the scanned rows); 32 MiB more are the rest of the process. A limit
+// below what is live makes the GC run back to back.
+func relayMemoryLimit(batchBytes int64, inFlight int) int64 {
+	return int64(inFlight+1)*batchBytes + 32<<20
 }
 
 // relayGOGC is the GC's target for `outbox relay` unless GOGC is set: the
