@@ -54,16 +54,19 @@
 //     one that does: it owns polling, wake-ups, backoff and Health. It
 //     claims whenever fewer than Config.MaxInFlight batches are in flight,
 //     not only after a full batch: at once after a claim that filled half a
-//     batch or more, 1ms after a shorter one (under load, a claim then
+//     batch or more, 3ms after a shorter one (under load, a claim then
 //     gathers a few more messages instead of costing the database a round
 //     trip per handful: at 2,000 events/s from another process this halved
-//     the latency), and after an empty claim it waits 1ms, doubling up to
-//     Config.PollInterval, unless a wake-up comes first (the store's
+//     the latency against waiting for a full batch, and 3ms instead of 1ms
+//     cut PostgreSQL's CPU per message by 5 % at 2,000/s and 20 % at 500/s,
+//     which on a small machine lowered the latency too), and after an empty
+//     claim it waits 3ms, doubling up to Config.PollInterval, unless a
+//     wake-up comes first (the store's
 //     Subscribe for writes in this process, Config.Wakeup for others, see
 //     package pgwake) or a batch is settled. A wake-up from this process
 //     comes before the writer's commit (Add wakes as it inserts): when the
 //     claim it starts finds nothing, the claimer claims again at once, by
-//     when the commit has most likely landed, then every 1ms for a few
+//     when the commit has most likely landed, then every 3ms for a few
 //     milliseconds before the waits grow again. After a failed claim, or a
 //     broker fault the settler reported, it backs off (jittered, from 100ms
 //     to Config.BackoffMax), and no wake-up cuts that short.

@@ -214,7 +214,7 @@ func TestClaimerClaimsWhilePublishCapacityIsFree(t *testing.T) {
 		inFlight.Add(-1)
 		return make([]error, len(m))
 	})
-	// After a short batch the claimer lingers 1ms (pollFirst) before it
+	// After a short batch the claimer lingers 3ms (pollFirst) before it
 	// claims again; it does not wait for the batch to be settled.
 	r := newTestRelay(t, store, pub, &Config{MaxInFlight: 2, BatchSize: 100, PollInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())

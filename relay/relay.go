@@ -27,8 +27,8 @@ const (
 	settleRetryMin         = 25 * time.Millisecond
 	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
-	pollFirst              = time.Millisecond // the first wait after an empty claim
-	wakeBurst              = 8                // empty claims 1ms apart after a wake-up
+	pollFirst              = 3 * time.Millisecond // the wait after a short or an empty claim
+	wakeBurst              = 8                    // empty claims pollFirst apart after a wake-up
 )
 
 // Config configures a Relay. The zero value (and nil) gives the defaults.
@@ -64,7 +64,7 @@ type Config struct {
 
 	// PollInterval is the longest the relay waits between claims when
 	// there is nothing to do: after a claim that found messages it claims
-	// again at once; after an empty one it waits 1ms, then twice as long
+	// again at once; after an empty one it waits 3ms, then twice as long
 	// after every further empty claim, up to PollInterval. It is the
 	// longest a new message waits without a wake-up. An idle relay makes
 	// 1/PollInterval claims a second, each one cheap query on a partial

@@ -474,8 +474,8 @@ func TestRunBacksOff(t *testing.T) {
 	require.GreaterOrEqual(t, waits[3].d, 50*time.Millisecond, "the database failed: backoff starts over")
 	require.LessOrEqual(t, waits[3].d, 100*time.Millisecond)
 	require.False(t, waits[3].wakeable)
-	// Idle: waits double from 1ms (up to PollInterval), and wake-ups cut them short.
-	require.Equal(t, []wait{{time.Millisecond, true}, {2 * time.Millisecond, true}, {4 * time.Millisecond, true}}, waits[4:])
+	// Idle: waits double from pollFirst (up to PollInterval), and wake-ups cut them short.
+	require.Equal(t, []wait{{pollFirst, true}, {2 * pollFirst, true}, {4 * pollFirst, true}}, waits[4:])
 	require.Equal(t, int64(3), r.Stats().Released)
 	require.Equal(t, int64(3), r.Stats().Published)
 }
@@ -637,14 +637,14 @@ func TestEmptyClaimAfterWakeUpRetriedAtOnce(t *testing.T) {
 		return got
 	}
 	require.Equal(t, []sleep{
-		{time.Millisecond, 1, true}, {2 * time.Millisecond, 2, true}, // idle: waits double
-		{time.Millisecond, 4, true},                              // woken by a writer: a claim, empty, and at once another
-		{time.Millisecond, 5, true}, {time.Millisecond, 6, true}, // then 1ms apart for a few milliseconds
+		{pollFirst, 1, true}, {2 * pollFirst, 2, true}, // idle: waits double
+		{pollFirst, 4, true},                       // woken by a writer: a claim, empty, and at once another
+		{pollFirst, 5, true}, {pollFirst, 6, true}, // then pollFirst apart for a few waits
 	}, sleeps(t, wokenFirst))
 	require.Equal(t, []sleep{
-		{time.Millisecond, 1, true}, {2 * time.Millisecond, 2, true},
-		{time.Millisecond, 3, true}, // woken otherwise: one claim, then 1ms apart
-		{time.Millisecond, 4, true}, {time.Millisecond, 5, true},
+		{pollFirst, 1, true}, {2 * pollFirst, 2, true},
+		{pollFirst, 3, true}, // woken otherwise: one claim, then pollFirst apart
+		{pollFirst, 4, true}, {pollFirst, 5, true},
 	}, sleeps(t, wokenOther))
 }
 

@@ -217,9 +217,9 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // claimer is the first stage, and the only one that decides when to
 // claim: it owns polling, wake-ups, backoff and health. It claims while a
 // publisher is free: again at once after a claim that filled half a batch
-// or more, 1ms after a shorter one (under load a claim then gathers a few
+// or more, 3ms after a shorter one (under load a claim then gathers a few
 // more messages instead of costing the database a round trip per handful),
-// and after an empty one it waits 1ms, doubling up to PollInterval; a
+// and after an empty one it waits 3ms, doubling up to PollInterval; a
 // wake-up or a settled batch cuts those waits short, and an empty claim
 // right after a wake-up is made again at once. After a failure (its own
 // claim, or a broker fault the settler reported) it backs off, and nothing
