@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -412,7 +413,9 @@ func (c *common) existingLayout(ctx context.Context) (layout outbox.Layout, exis
 	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", c.table).Scan(&exists); err != nil || !exists {
 		return 0, false, err
 	}
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table})
+	// Read only to choose the DDL, which brings the table up to date:
+	// a warning that it is not (an older claim function) is not for here.
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return 0, true, err
 	}
