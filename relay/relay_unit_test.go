@@ -698,3 +698,24 @@ func TestClaimBoundedAndFinishedAtShutdown(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Equal(t, []string{"claim a,b", "release a,b"}, store.log())
 }
+
+// A settled batch wakes an idle claimer only on an ordered table, where
+// the next messages of its keys may be claimable now; on an unordered
+// table a settle makes nothing claimable, and a wake-up would only cost a
+// claim. Either way the batch's slot is given back.
+func TestSettleWakesTheClaimerOnlyWhenOrdered(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		store := &fakeStore{}
+		r := newTestRelay(t, store, PublisherFunc(publishNothing), nil)
+		r.ordered.Store(ordered)
+		p := &pipeline{events: make(chan settleEvent, 1), slots: make(chan struct{}, 1), settled: make(chan struct{}, 1)}
+		b := &batch{msgs: msgs("a"), publishBy: time.Now().Add(time.Minute), leaseEnd: time.Now().Add(time.Minute), ordered: ordered}
+		p.events <- settleEvent{b: b, final: &outcome{b: b, errs: make([]error, 1)}}
+		close(p.events)
+		r.settler(context.Background(), p, func(err error) { t.Errorf("settling failed: %v", err) })
+		require.Equal(t, ordered, len(p.settled) == 1, "ordered=%v: the claimer woken", ordered)
+		require.Len(t, p.slots, 1, "ordered=%v: the slot given back", ordered)
+		require.Equal(t, int64(1), r.Stats().Published, "ordered=%v", ordered)
+	}
+}

@@ -345,9 +345,13 @@ func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 		}
 		r.recordPublish(res.brokerErr)
 		p.report(res.brokerErr)
-		select {
-		case p.settled <- struct{}{}:
-		default:
+		if r.ordered.Load() {
+			// The next messages of its keys may be claimable now; on an
+			// unordered table a settle makes nothing claimable.
+			select {
+			case p.settled <- struct{}{}:
+			default:
+			}
 		}
 		p.slots <- struct{}{}
 	}
