@@ -63,7 +63,8 @@
 //     claim it waits 3ms, doubling up to Config.PollInterval, unless a
 //     wake-up comes first (the store's
 //     Subscribe for writes in this process, Config.Wakeup for others, see
-//     package pgwake) or a batch is settled. A wake-up from this process
+//     package pgwake) or, on an ordered table, a batch is settled (which may
+//     free the next messages of its keys). A wake-up from this process
 //     comes before the writer's commit (Add wakes as it inserts): when the
 //     claim it starts finds nothing, the claimer claims again at once, by
 //     when the commit has most likely landed, then every 3ms for a few

@@ -220,7 +220,7 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // or more, 3ms after a shorter one (under load a claim then gathers a few
 // more messages instead of costing the database a round trip per handful),
 // and after an empty one it waits 3ms, doubling up to PollInterval; a
-// wake-up or a settled batch cuts those waits short, and an empty claim
+// wake-up (or, on an ordered table, a settled batch) cuts those waits short, and an empty claim
 // right after a wake-up is made again at once. After a failure (its own
 // claim, or a broker fault the settler reported) it backs off, and nothing
 // cuts that short. It returns when ctx ends, or with an error nothing can
