@@ -304,7 +304,7 @@ SELECT {version}, {chunk}, {parts}, {bchunk}, {bparts} WHERE NOT EXISTS (SELECT 
 -- table, behind the messages of their key. table_ordered says whether the
 -- table was ordered when the claim ran.
 DROP FUNCTION IF EXISTS {claimfn}(integer, bigint, bigint, uuid);
-DROP FUNCTION IF EXISTS {claimfn}(integer, bigint, bigint, uuid, bigint);
+DROP FUNCTION IF EXISTS {claimfn}{claimargs};
 CREATE FUNCTION {claimfn}(n integer, lease_us bigint, max_bytes bigint, claim_token uuid, low bigint)
 RETURNS TABLE (batch_id bigint, lease_until timestamptz, id uuid, seq bigint, tx xid8, event_type text, event_key text, exchange text,
     routing_key text, payload bytea, content_type text, headers jsonb, created_at timestamptz, ord bigint, blocked boolean,
@@ -633,8 +633,9 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 // 1 for a function without the mark (created before revisions were
 // marked).
 func claimRevision(comment string) int {
-	n, err := strconv.Atoi(strings.TrimPrefix(comment, logClaimMark))
-	if err != nil || !strings.HasPrefix(comment, logClaimMark) || n < 1 {
+	rest, marked := strings.CutPrefix(comment, logClaimMark)
+	n, err := strconv.Atoi(rest)
+	if !marked || err != nil || n < 1 {
 		return 1
 	}
 	return n

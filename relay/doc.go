@@ -61,10 +61,10 @@
 //     cut PostgreSQL's CPU per message by 5 % at 2,000/s and 20 % at 500/s,
 //     which on a small machine lowered the latency too), and after an empty
 //     claim it waits 3ms, doubling up to Config.PollInterval, unless a
-//     wake-up comes first (the store's
-//     Subscribe for writes in this process, Config.Wakeup for others, see
-//     package pgwake) or, on an ordered table, a batch is settled (which may
-//     free the next messages of its keys). A wake-up from this process
+//     wake-up comes first (the store's Subscribe for writes in this
+//     process, Config.Wakeup for others, see package pgwake) or a batch
+//     claimed in ordered mode is settled (which may free the next messages
+//     of its keys). A wake-up from this process
 //     comes before the writer's commit (Add wakes as it inserts): when the
 //     claim it starts finds nothing, the claimer claims again at once, by
 //     when the commit has most likely landed, then every 3ms for a few

@@ -162,7 +162,7 @@ type Relay struct {
 	pubMu       sync.Mutex                                 // one Publish at a time unless concurrent
 	concurrent  bool                                       // the publisher may be called from several publishers at once
 	ordered     atomic.Bool                                // the claimer's: the table's mode, as last read
-	pollFirst   time.Duration                              // the first wait after an empty claim
+	pollFirst   time.Duration                              // the wait after a short or an empty claim
 	backoff     outbox.BackoffFunc                         // waits after broker or database failures
 	sleepHook   func(d time.Duration, wakeable bool) woken // tests: replaces sleeping, and says what ended it
 }

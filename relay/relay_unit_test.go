@@ -608,8 +608,8 @@ func TestIdleRelayIsCheap(t *testing.T) {
 
 // A wake-up from a writer in this process comes before its commit (Add
 // wakes as it inserts): when the claim it starts finds nothing, the
-// claimer claims again at once, not a millisecond later, and only then
-// polls 1ms apart. Another wake-up (another process's commit, a settled
+// claimer claims again at once, not pollFirst later, and only then polls
+// pollFirst apart. Another wake-up (another process's commit, a settled
 // batch) comes after what it announces: no claim is made again at once.
 func TestEmptyClaimAfterWakeUpRetriedAtOnce(t *testing.T) {
 	t.Parallel()
@@ -699,16 +699,16 @@ func TestClaimBoundedAndFinishedAtShutdown(t *testing.T) {
 	require.Equal(t, []string{"claim a,b", "release a,b"}, store.log())
 }
 
-// A settled batch wakes an idle claimer only on an ordered table, where
-// the next messages of its keys may be claimable now; on an unordered
-// table a settle makes nothing claimable, and a wake-up would only cost a
-// claim. Either way the batch's slot is given back.
+// The settle of a batch claimed in ordered mode wakes an idle claimer:
+// the next messages of its keys may be claimable now. A batch claimed
+// unordered holds no key back, and a wake-up would only cost a claim.
+// Either way the batch's slot is given back. The relay's own idea of the
+// mode is left unordered: what counts is how the batch was claimed.
 func TestSettleWakesTheClaimerOnlyWhenOrdered(t *testing.T) {
 	t.Parallel()
 	for _, ordered := range []bool{false, true} {
 		store := &fakeStore{}
 		r := newTestRelay(t, store, PublisherFunc(publishNothing), nil)
-		r.ordered.Store(ordered)
 		p := &pipeline{events: make(chan settleEvent, 1), slots: make(chan struct{}, 1), settled: make(chan struct{}, 1)}
 		b := &batch{msgs: msgs("a"), publishBy: time.Now().Add(time.Minute), leaseEnd: time.Now().Add(time.Minute), ordered: ordered}
 		p.events <- settleEvent{b: b, final: &outcome{b: b, errs: make([]error, 1)}}

@@ -81,7 +81,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	run(r.reconcile)
 	run(func(ctx context.Context) {
 		every(ctx, reconcileInterval, func(ctx context.Context) {
-			if r.ordered.Load() {
+			if o.b.ordered {
 				r.reconcile(ctx)
 			}
 		})
@@ -220,8 +220,9 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // or more, 3ms after a shorter one (under load a claim then gathers a few
 // more messages instead of costing the database a round trip per handful),
 // and after an empty one it waits 3ms, doubling up to PollInterval; a
-// wake-up (or, on an ordered table, a settled batch) cuts those waits short, and an empty claim
-// right after a wake-up is made again at once. After a failure (its own
+// wake-up (or the settle of a batch claimed in ordered mode) cuts those
+// waits short, and an empty claim right after a wake-up is made again at
+// once. After a failure (its own
 // claim, or a broker fault the settler reported) it backs off, and nothing
 // cuts that short. It returns when ctx ends, or with an error nothing can
 // repair.
@@ -312,7 +313,8 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 			// milliseconds before the waits grow again.
 			idle, burst, again = 0, wakeBurst, true
 		case wokenOther:
-			// Another process's commit (Config.Wakeup) or a settled batch.
+			// Another process's commit (Config.Wakeup) or a settled
+			// ordered batch.
 			idle, burst = 0, wakeBurst
 		}
 	}
@@ -345,9 +347,9 @@ func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 		}
 		r.recordPublish(res.brokerErr)
 		p.report(res.brokerErr)
-		if r.ordered.Load() {
-			// The next messages of its keys may be claimable now; on an
-			// unordered table a settle makes nothing claimable.
+		if o.b.ordered {
+			// The next messages of its keys may be claimable now; a
+			// batch claimed unordered holds no key back.
 			select {
 			case p.settled <- struct{}{}:
 			default:

@@ -152,8 +152,9 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 		defer stop()
 	}
 
-	// Each writer writes every writers-th message on its own schedule.
+	// Where the CPU goes from the first write to the last delivery.
 	cpu := readCPU(b.relayPID)
+	// Each writer writes every writers-th message on its own schedule.
 	interval := time.Duration(float64(time.Second) * float64(b.o.writers) / b.o.rate)
 	errs := make(chan error, b.o.writers)
 	for w := range b.o.writers {
