@@ -81,7 +81,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	run(r.reconcile)
 	run(func(ctx context.Context) {
 		every(ctx, reconcileInterval, func(ctx context.Context) {
-			if o.b.ordered {
+			if r.ordered.Load() {
 				r.reconcile(ctx)
 			}
 		})
@@ -222,9 +222,8 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // and after an empty one it waits 3ms, doubling up to PollInterval; a
 // wake-up (or the settle of a batch claimed in ordered mode) cuts those
 // waits short, and an empty claim right after a wake-up is made again at
-// once. After a failure (its own
-// claim, or a broker fault the settler reported) it backs off, and nothing
-// cuts that short. It returns when ctx ends, or with an error nothing can
+// once. After a failure (its own claim, or a broker fault the settler
+// reported) it backs off, and nothing cuts that short. It returns when ctx ends, or with an error nothing can
 // repair.
 func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
