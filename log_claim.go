@@ -380,6 +380,12 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
+// claimPresize bounds the room a claim makes for its messages before it
+// reads them: a batch of the default size is read without growing it, and
+// a claim with a large BatchSize that finds little does not hold room for
+// all of it.
+const claimPresize = 128
+
 // claimNew takes the next part of the current window, or opens the next
 // window when the current one is drained (the table's claim function). On
 // an ordered table it stops before a message whose key an unfinished batch
@@ -398,18 +404,20 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 	}
 	defer rows.Close()
 	var (
-		msgs    []Message
+		msgs    = make([]Message, 0, min(n, claimPresize))
 		blocked []int
 		batch   int64
+		ref     string // every row is of the one batch
 		ordered bool
+		// Read and dropped (tx) or decoded (headers) before the next row:
+		// not copied.
+		tx, headers sql.RawBytes
 	)
 	for rows.Next() {
 		var (
-			m       Message
-			tx      string
-			headers []byte
-			ord     sql.NullInt64
-			b       bool
+			m   Message
+			ord sql.NullInt64
+			b   bool
 		)
 		if err := rows.Scan(&batch, &m.ClaimedUntil, &m.ID, &m.Seq, &tx, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
 			&m.ContentType, &headers, &m.CreatedAt, &ord, &b, &ordered); err != nil {
@@ -418,7 +426,10 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 		if err := m.decodeHeaders(headers); err != nil {
 			return nil, err
 		}
-		m.claimToken, m.ord = batchRef{batch: batch}.String(), ord.Int64
+		if ref == "" {
+			ref = batchRef{batch: batch}.String()
+		}
+		m.claimToken, m.ord = ref, ord.Int64
 		if b {
 			blocked = append(blocked, len(msgs))
 		}

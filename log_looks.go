@@ -51,7 +51,11 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 	var msgs []Message
 	step := func(take func() ([]Message, error)) error {
 		more, err := take()
-		msgs = append(msgs, more...)
+		if len(msgs) == 0 {
+			msgs = more // mostly the only step: no copy
+		} else {
+			msgs = append(msgs, more...)
+		}
 		return err
 	}
 	tended := ls.tended()

@@ -97,8 +97,7 @@ func (r *Relay) markEarly(ctx context.Context, b *batch, ix []int) {
 	if b.marked == nil {
 		b.marked = make([]bool, len(b.msgs))
 	}
-	var msgs []outbox.Message
-	var which []int
+	msgs, which := make([]outbox.Message, 0, len(ix)), make([]int, 0, len(ix))
 	for _, i := range ix {
 		if i >= 0 && i < len(b.msgs) && !b.marked[i] {
 			msgs, which = append(msgs, b.msgs[i]), append(which, i)
@@ -132,7 +131,7 @@ func (b *batch) unmarked() []outbox.Message {
 	if b.marked == nil {
 		return b.msgs
 	}
-	var out []outbox.Message
+	out := make([]outbox.Message, 0, len(b.msgs))
 	for i, m := range b.msgs {
 		if !b.marked[i] {
 			out = append(out, m)
@@ -195,7 +194,10 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		return result{brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
-	var confirmedMsgs, published, broker, notSent []outbox.Message
+	// Mostly every message is confirmed: room for them all, once.
+	confirmedMsgs := make([]outbox.Message, 0, len(msgs))
+	published := make([]outbox.Message, 0, len(msgs))
+	var broker, notSent []outbox.Message
 	type failure struct {
 		msg           outbox.Message
 		reason, class string
