@@ -34,16 +34,20 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 		if m.claimToken == "" {
 			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
 		}
-		ref, ok := parseRef(m.claimToken)
-		if !ok {
-			// Claimed from the table before it was converted to the log
-			// layout: the conversion copied it, to be claimed again.
-			lost = append(lost, m.ID)
-			continue
-		}
 		g := groups[m.claimToken]
 		if g == nil {
+			ref, ok := parseRef(m.claimToken)
+			if !ok {
+				// Claimed from the table before it was converted to the
+				// log layout: the conversion copied it, to be claimed
+				// again.
+				lost = append(lost, m.ID)
+				continue
+			}
 			g = &group{ref: ref}
+			if len(order) == 0 { // mostly the messages are all of one batch
+				g.ids, g.seqs = make([]string, 0, len(msgs)), make([]int64, 0, len(msgs))
+			}
 			groups[m.claimToken] = g
 			order = append(order, m.claimToken)
 		}
