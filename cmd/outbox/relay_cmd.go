@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	rtdebug "runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -87,6 +88,9 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		// CPU at 15,000 messages/s (BENCHMARKS.md). The memory limit
 		// above still bounds the heap when batches are large.
 		rtdebug.SetGCPercent(relayGOGC)
+	}
+	if n := relayProcs(os.Getenv); n > 0 {
+		runtime.GOMAXPROCS(n)
 	}
 	level := slog.LevelInfo
 	if *debug {
@@ -203,6 +207,22 @@ func relayMemoryLimit(batchBytes int64, inFlight int) int64 {
 // heap may grow to 5 times what is live before the GC runs (Go's default,
 // 100, is twice).
 const relayGOGC = 400
+
+// relayProcs is how many threads `outbox relay` runs Go code on, or 0 to
+// leave Go's choice: one, unless GOMAXPROCS is set. The relay waits on the
+// database and the broker and uses a fraction of a core (0.16 of one at
+// 2,000 messages/s, 0.27 at 15,000); with a thread per core, Go's scheduler
+// spins idle threads looking for work every time a goroutine wakes, which
+// on a small machine shared with PostgreSQL and RabbitMQ is CPU they
+// need. On one thread the relay's process used a fifth less CPU at 2,000/s
+// and an eighth less at full speed, publishing as fast (BENCHMARKS.md, an
+// eighth session).
+func relayProcs(getenv func(string) string) int {
+	if getenv("GOMAXPROCS") != "" {
+		return 0
+	}
+	return 1
+}
 
 // probeTable checks at start that the table is there and ours (Gauges is
 // cheap however large the table). An error that waiting can cure (a
