@@ -194,10 +194,11 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		return result{brokerFaults: len(msgs), brokerErr: errors.New("publisher returned a wrong number of results")}, nil
 	}
 
-	// Mostly every message is confirmed: room for them all, once.
+	// Mostly every message is confirmed: room for them all, once. What is
+	// to be marked published is what was confirmed, less what markEarly
+	// marked as its confirm came: when it marked nothing, the same slice.
 	confirmedMsgs := make([]outbox.Message, 0, len(msgs))
-	published := make([]outbox.Message, 0, len(msgs))
-	var broker, notSent []outbox.Message
+	var published, broker, notSent []outbox.Message
 	type failure struct {
 		msg           outbox.Message
 		reason, class string
@@ -207,7 +208,7 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 		switch {
 		case err == nil:
 			confirmedMsgs = append(confirmedMsgs, msgs[i])
-			if b.marked == nil || !b.marked[i] { // not marked yet as its confirm came
+			if b.marked != nil && !b.marked[i] {
 				published = append(published, msgs[i])
 			}
 		case errors.Is(err, ErrPublisherClosed):
@@ -228,6 +229,9 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 			}
 			failed = append(failed, failure{msgs[i], reason, class})
 		}
+	}
+	if b.marked == nil {
+		published = confirmedMsgs
 	}
 	res.brokerFaults = len(broker)
 	r.obs.Published(ctx, len(confirmedMsgs), confirmed.Sub(o.pubStart))

@@ -223,8 +223,8 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // wake-up (or the settle of a batch claimed in ordered mode) cuts those
 // waits short, and an empty claim right after a wake-up is made again at
 // once. After a failure (its own claim, or a broker fault the settler
-// reported) it backs off, and nothing cuts that short. It returns when ctx ends, or with an error nothing can
-// repair.
+// reported) it backs off, and nothing cuts that short. It returns when ctx
+// ends, or with an error nothing can repair.
 func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
 	var failures, idle, burst int
 	var again bool // an empty claim is made again at once: this process's writer woke the claimer, before its commit

@@ -62,12 +62,17 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 
 	var stderr dbtest.Buffer
 	cmd := exec.Command(bin, "relay", "--table", table, "--metrics-addr", addr)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	// GOMAXPROCS and GOMEMLIMIT unset (the last value wins): the relay's
+	// own defaults.
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL(), "GOMAXPROCS=", "GOMEMLIMIT=")
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
 	require.Eventually(t, func() bool { return consumer.Distinct() == 2 }, 30*time.Second, 10*time.Millisecond)
+	// One thread, and a heap limit for the batches in flight (the defaults:
+	// (4 + 1) × 64 MiB + 32 MiB).
+	require.Contains(t, stderr.String(), `msg="relay: Runtime" gomaxprocs=1 memory_limit=369098752`, stderr.String())
 	// Delivered is not yet settled: the settle (and its metric) follows the
 	// broker's confirm.
 	require.Eventually(t, func() bool {
@@ -107,16 +112,22 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 	// An idle relay whose broker does not answer is not ready; one whose
 	// broker refuses the login says so, not a timeout of its own (issue
 	// 18, item 4: RabbitMQ refuses after ~3s).
-	notReady(t, bin, table, addr, "amqp://guest:guest@127.0.0.1:1/", "broker unreachable")
+	// The first also runs under GOMAXPROCS set by its environment, which
+	// the relay keeps.
+	logged := notReady(t, bin, table, addr, "amqp://guest:guest@127.0.0.1:1/", "broker unreachable", "GOMAXPROCS=2")
+	require.Contains(t, logged, `msg="relay: Runtime" gomaxprocs=2 `, logged)
 	notReady(t, bin, table, addr, strings.Replace(amqptest.URL(), "guest:guest@", "guest:wrong-password@", 1), "username or password not allowed")
 }
 
-// notReady runs a relay with the broker at amqpURL until its /readyz
-// answers 503 with want in its body.
-func notReady(t *testing.T, bin, table, addr, amqpURL, want string) {
+// notReady runs a relay with the broker at amqpURL (and env added to its
+// environment) until its /readyz answers 503 with want in its body, and
+// returns what the relay logged.
+func notReady(t *testing.T, bin, table, addr, amqpURL, want string, env ...string) string {
 	t.Helper()
+	var stderr dbtest.Buffer
 	cmd := exec.Command(bin, "relay", "--table", table, "--metrics-addr", addr)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqpURL)
+	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqpURL), env...)
+	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	require.Eventually(t, func() bool {
@@ -125,4 +136,5 @@ func notReady(t *testing.T, bin, table, addr, amqpURL, want string) {
 	}, 30*time.Second, 20*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait())
+	return stderr.String()
 }

@@ -89,14 +89,17 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		// above still bounds the heap when batches are large.
 		rtdebug.SetGCPercent(relayGOGC)
 	}
-	if n := relayProcs(os.Getenv); n > 0 {
-		runtime.GOMAXPROCS(n)
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(relayGOMAXPROCS)
 	}
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+	// What the defaults above (or the environment) chose, for whoever
+	// wonders what the relay holds itself to.
+	logger.Info("relay: Runtime", slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int64("memory_limit", rtdebug.SetMemoryLimit(-1)))
 
 	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, BatchMaxBytes: *batchBytes, Logger: logger, Ordering: ordering(*ordered)})
 	if err != nil {
@@ -208,21 +211,15 @@ func relayMemoryLimit(batchBytes int64, inFlight int) int64 {
 // 100, is twice).
 const relayGOGC = 400
 
-// relayProcs is how many threads `outbox relay` runs Go code on, or 0 to
-// leave Go's choice: one, unless GOMAXPROCS is set. The relay waits on the
-// database and the broker and uses a fraction of a core (0.16 of one at
-// 2,000 messages/s, 0.27 at 15,000); with a thread per core, Go's scheduler
-// spins idle threads looking for work every time a goroutine wakes, which
-// on a small machine shared with PostgreSQL and RabbitMQ is CPU they
-// need. On one thread the relay's process used a fifth less CPU at 2,000/s
-// and an eighth less at full speed, publishing as fast (BENCHMARKS.md, an
-// eighth session).
-func relayProcs(getenv func(string) string) int {
-	if getenv("GOMAXPROCS") != "" {
-		return 0
-	}
-	return 1
-}
+// relayGOMAXPROCS is how many threads `outbox relay` runs Go code on
+// unless GOMAXPROCS is set. The relay waits on the database and the broker
+// and uses a fraction of a core (0.16 of one at 2,000 messages/s, 0.22 at
+// 12,000); with a thread per core, Go's scheduler spins idle threads
+// looking for work every time a goroutine wakes, which on a small machine
+// shared with PostgreSQL and RabbitMQ is CPU they need. On one thread the
+// relay's process used a fifth less CPU at 2,000/s and an eighth less at
+// full speed, publishing as fast (BENCHMARKS.md, an eighth session).
+const relayGOMAXPROCS = 1
 
 // probeTable checks at start that the table is there and ours (Gauges is
 // cheap however large the table). An error that waiting can cure (a

@@ -21,21 +21,3 @@ func TestRelayMemoryLimitHoldsTheBatchesInFlight(t *testing.T) {
 		t.Error("the limit does not grow with --max-in-flight")
 	}
 }
-
-// outbox relay runs Go code on one thread unless GOMAXPROCS says otherwise.
-func TestRelayRunsOnOneThreadUnlessGOMAXPROCSIsSet(t *testing.T) {
-	env := func(v string) func(string) string {
-		return func(k string) string {
-			if k == "GOMAXPROCS" {
-				return v
-			}
-			return ""
-		}
-	}
-	if got := relayProcs(env("")); got != 1 {
-		t.Errorf("GOMAXPROCS unset: relayProcs = %d, want 1", got)
-	}
-	if got := relayProcs(env("4")); got != 0 {
-		t.Errorf("GOMAXPROCS=4: relayProcs = %d, want 0 (Go's reading of the variable)", got)
-	}
-}
