@@ -255,8 +255,9 @@ type bencher struct {
 }
 
 func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
-	var broker, shaped, relayed, ordered figure
+	var broker, brokerAfter, shaped, relayed, ordered figure
 	var cpuBroker, cpuShaped, cpuRelay costs
+	var perRun []string // each run's relay against the broker alone just before and just after it
 	var outOfOrder, outOfOrderOrdered int
 	keys := "a key of its own for each"
 	if b.o.keys > 0 {
@@ -277,12 +278,21 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		broker, shaped, relayed, outOfOrder = append(broker, limit), append(shaped, limitShaped), append(relayed, rate), outOfOrder+late
-		cpuBroker, cpuShaped, cpuRelay = append(cpuBroker, brokerCPU), append(cpuShaped, shapedCPU), append(cpuRelay, b.cpu)
-		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s%s; %d dead row versions left by the run%s; relay: %s\n",
-			run, limit, limitShaped, rate, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
-		fmt.Fprintf(b.stderr, "bench: run %d: CPU: broker alone: %s; the relay's messages: %s; relay: %s\n",
-			run, brokerCPU.text(false), shapedCPU.text(false), b.cpu.text(b.o.relayProcess))
+		relayCPU, wal, dead, bookkeeping, phases := b.cpu, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases
+		// The broker alone again: the machine's speed drifts, and a
+		// relay's figure between two of the broker's shows whether it
+		// drifted during the run.
+		limitAfter, err := b.brokerOnly(ctx, false)
+		if err != nil {
+			return err
+		}
+		broker, brokerAfter, shaped, relayed, outOfOrder = append(broker, limit), append(brokerAfter, limitAfter), append(shaped, limitShaped), append(relayed, rate), outOfOrder+late
+		cpuBroker, cpuShaped, cpuRelay = append(cpuBroker, brokerCPU), append(cpuShaped, shapedCPU), append(cpuRelay, relayCPU)
+		perRun = append(perRun, fmt.Sprintf("%.2f/%.2f", rate/limit, rate/limitAfter))
+		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s, broker alone again %.0f msgs/s: the relay = %.2f × the broker alone before it, %.2f × after%s; %d dead row versions left by the run%s; relay: %s\n",
+			run, limit, limitShaped, rate, limitAfter, rate/limit, rate/limitAfter, wal, dead, bookkeeping, phases)
+		fmt.Fprintf(b.stderr, "bench: run %d: CPU: broker alone: %s; the relay's messages: %s; relay: %s; broker alone again: %s\n",
+			run, brokerCPU.text(false), shapedCPU.text(false), relayCPU.text(b.o.relayProcess), b.cpu.text(false))
 		if b.o.ordered {
 			rate, late, err := b.relayRun(ctx, b.orderedStore)
 			if err != nil {
@@ -292,9 +302,10 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 			fmt.Fprintf(b.stderr, "bench: run %d: relay in ordered mode %.0f msgs/s; relay: %s\n", run, rate, b.phases)
 		}
 	}
-	fmt.Fprintf(out, "bench: broker alone (amqp091-go, confirms pipelined, window 1000): %s msgs/s\n", broker)
+	fmt.Fprintf(out, "bench: broker alone (amqp091-go, confirms pipelined, window 1000): %s msgs/s; again after the relay: %s msgs/s\n", broker, brokerAfter)
 	fmt.Fprintf(out, "bench: relay, %d messages written first over %s; %s msgs/s = %.2f × the broker alone; %d first deliveries out of their key's order\n",
 		b.o.messages, keys, relayed, relayed.median()/broker.median(), outOfOrder)
+	fmt.Fprintf(out, "bench: each run's relay against the broker alone just before and just after it: %s\n", strings.Join(perRun, ", "))
 	fmt.Fprintf(out, "bench: broker alone publishing what the relay publishes (a key header, type, timestamp): %s msgs/s; the relay = %.2f × that\n",
 		shaped, relayed.median()/shaped.median())
 	if c := cpuRelay.median(); c.ok {
