@@ -39,7 +39,8 @@ type benchOptions struct {
 // with its default configuration publishing persistent messages to a
 // durable queue drained by a consumer that acks, beside the broker's own
 // limit (amqp091-go publishing the same messages with pipelined confirms,
-// no database) measured in the same run. It drops what it created.
+// no database) measured in the same run, before the relay's phase and
+// again after it. It drops what it created.
 func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("bench", x, "") // bench makes a scratch table of its own
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
