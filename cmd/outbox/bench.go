@@ -279,7 +279,7 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		relayCPU, wal, dead, bookkeeping, phases := b.cpu, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases
+		relayCPU := b.cpu // the broker alone's phase below measures its own
 		// The broker alone again: the machine's speed drifts, and a
 		// relay's figure between two of the broker's shows whether it
 		// drifted during the run.
@@ -289,9 +289,10 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 		}
 		broker, brokerAfter, shaped, relayed, outOfOrder = append(broker, limit), append(brokerAfter, limitAfter), append(shaped, limitShaped), append(relayed, rate), outOfOrder+late
 		cpuBroker, cpuShaped, cpuRelay = append(cpuBroker, brokerCPU), append(cpuShaped, shapedCPU), append(cpuRelay, relayCPU)
-		perRun = append(perRun, fmt.Sprintf("%.2f/%.2f", rate/limit, rate/limitAfter))
+		before, after := rate/limit, rate/limitAfter
+		perRun = append(perRun, fmt.Sprintf("%.2f/%.2f", before, after))
 		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s, broker alone again %.0f msgs/s: the relay = %.2f × the broker alone before it, %.2f × after%s; %d dead row versions left by the run%s; relay: %s\n",
-			run, limit, limitShaped, rate, limitAfter, rate/limit, rate/limitAfter, wal, dead, bookkeeping, phases)
+			run, limit, limitShaped, rate, limitAfter, before, after, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
 		fmt.Fprintf(b.stderr, "bench: run %d: CPU: broker alone: %s; the relay's messages: %s; relay: %s; broker alone again: %s\n",
 			run, brokerCPU.text(false), shapedCPU.text(false), relayCPU.text(b.o.relayProcess), b.cpu.text(false))
 		if b.o.ordered {

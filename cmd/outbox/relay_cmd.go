@@ -213,12 +213,13 @@ const relayGOGC = 400
 
 // relayGOMAXPROCS is how many threads `outbox relay` runs Go code on
 // unless GOMAXPROCS is set. The relay waits on the database and the broker
-// and uses a fraction of a core (0.16 of one at 2,000 messages/s, 0.22 at
-// 12,000); with a thread per core, Go's scheduler spins idle threads
-// looking for work every time a goroutine wakes, which on a small machine
-// shared with PostgreSQL and RabbitMQ is CPU they need. On one thread the
-// relay's process used a fifth less CPU at 2,000/s and an eighth less at
-// full speed, publishing as fast (BENCHMARKS.md, an eighth session).
+// and uses a fraction of a core (on a thread per core, 0.16 of one at 2,000
+// messages/s and 0.22 at 12,000); with a thread per core, Go's scheduler
+// spins idle threads looking for work every time a goroutine wakes, which
+// on a small machine shared with PostgreSQL and RabbitMQ is CPU they need.
+// On one thread the relay's process used a fifth less CPU at 2,000/s and
+// a seventh less at full speed, publishing as fast (BENCHMARKS.md, an
+// eighth session).
 const relayGOMAXPROCS = 1
 
 // probeTable checks at start that the table is there and ours (Gauges is
