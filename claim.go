@@ -65,10 +65,16 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	}
 	rows, err := db.QueryContext(ctx, s.queriesNow().claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
 	if err != nil {
+		if !rolledBack(err) {
+			s.releaseOrphan(ctx, db, s.q.releaseClaim, token.String(), err) // see orphan.go
+		}
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
 	}
 	msgs, err := scanMessages(rows, token.String())
 	if err != nil {
+		if !rolledBack(err) {
+			s.releaseOrphan(ctx, db, s.q.releaseClaim, token.String(), err)
+		}
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
 	}
 	sortBySeq(msgs)

@@ -29,6 +29,7 @@ type logStore struct {
 	failedClaimSQL, failedClaimOrdSQL, divertSQL       string
 	failedDueSQL                                       string
 	failSQL, refailSQL                                 string
+	releaseBatchSQL, releaseFailedSQL                  string // orphan.go
 
 	mu  sync.Mutex
 	low int64 // no batch below it is unfinished, as far as this store has seen
@@ -43,6 +44,7 @@ func newLogStore(s *Store, l logTables) *logStore {
 		"{blocked}", logBlocked(s.t, l), "{ordered}", s.t.orderedNow())
 	ls := &logStore{s: s, l: l, looks: looks{lookEvery: lookEvery}, now: time.Now}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
+	ls.releaseBatchSQL, ls.releaseFailedSQL = r.Replace(releaseLogBatchSQL), r.Replace(releaseLogFailedSQL)
 	// What became of messages $4 of gen $2 of batch $1 (kind $3), unless
 	// a later gen took the batch over.
 	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)
@@ -262,11 +264,12 @@ type batchRow struct {
 	more              bool
 }
 
-func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
+func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease time.Duration) (msgs []Message, err error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
 	}
+	defer func() { ls.orphanedFailed(ctx, db, token.String(), err) }()
 	ref := batchRef{token: token.String()}.String()
 	if ls.s.Ordering() != OrderedByKey {
 		rows, err := db.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
@@ -390,7 +393,7 @@ const claimPresize = 128
 // window when the current one is drained (the table's claim function). On
 // an ordered table it stops before a message whose key an unfinished batch
 // holds, and sets aside the messages of blocked keys (divert).
-func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
+func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.Duration) (_ []Message, err error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, err
@@ -398,6 +401,8 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 	ls.mu.Lock()
 	low := ls.low
 	ls.mu.Unlock()
+	committed := false // the claim did: what fails after it leaves its batch behind
+	defer func() { ls.orphanedBatch(ctx, db, token.String(), err, committed) }()
 	rows, err := db.QueryContext(ctx, ls.claimSQL, n, lease.Microseconds(), ls.s.batchMaxBytes, token.String(), low)
 	if err != nil {
 		return nil, err
@@ -438,6 +443,7 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	committed = true
 	if ordered && ls.s.Ordering() != OrderedByKey {
 		// The table was made ordered since the store last read its
 		// mode: the relay publishes this batch in ordered mode.
@@ -449,11 +455,7 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 }
 
 // insertBatch records the batch of msgs and sets their lease.
-func (ls *logStore) insertBatch(ctx context.Context, tx *sql.Tx, b batchRow, lease time.Duration, msgs []Message) ([]Message, error) {
-	token, err := uuid.NewRandom()
-	if err != nil {
-		return nil, err
-	}
+func (ls *logStore) insertBatch(ctx context.Context, tx *sql.Tx, b batchRow, token string, lease time.Duration, msgs []Message) ([]Message, error) {
 	var until time.Time
 	// Its keys, which ordered claims keep out of other batches while it is
 	// unfinished.
@@ -465,9 +467,9 @@ func (ls *logStore) insertBatch(ctx context.Context, tx *sql.Tx, b batchRow, lea
 			keys = append(keys, m.Key)
 		}
 	}
-	err = tx.QueryRowContext(ctx, `INSERT INTO `+ls.l.batch+` (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until, keys)
+	err := tx.QueryRowContext(ctx, `INSERT INTO `+ls.l.batch+` (batch_id, gen, lo, hi, after_tx, after_seq, last_tx, last_seq, n, more, token, lease_until, keys)
 VALUES ($1, $2, $3::pg_snapshot, $4::pg_snapshot, $5::xid8, $6, $7::xid8, $8, $9, $10, $11, now() + $12::bigint * interval '1 microsecond', $13::text[])
-RETURNING lease_until`, b.id, b.gen, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, b.n, b.more, token.String(), lease.Microseconds(), keys).Scan(&until)
+RETURNING lease_until`, b.id, b.gen, b.lo, b.hi, b.afterTx, b.afterSeq, b.lastTx, b.lastSeq, b.n, b.more, token, lease.Microseconds(), keys).Scan(&until)
 	if err != nil {
 		return nil, err
 	}

@@ -67,7 +67,7 @@ func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Dur
 		}
 		if len(msgs) < n && ls.lookNow(&ls.scanNow, &ls.nextScan, tended) {
 			if err := step(func() ([]Message, error) {
-				return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, n-len(msgs), len(msgs) == 0, lease) })
+				return ls.takeOverTx(ctx, db, n-len(msgs), len(msgs) == 0, lease)
 			}); err != nil {
 				return err
 			}

@@ -4,16 +4,30 @@ import (
 	"context"
 	"database/sql"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Taking over a log table's batch: a relay's lease on it ran out, or it
 // released it. The batch is claimed again under its next gen, and the
 // marks of the old gen are fenced by it (notTakenOver).
 
-// takeOver claims again the first batch whose lease ran out or that was
-// released, if its messages fit in n (or whatever its size when alone),
-// and moves the store's low-water mark past finished batches.
-func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
+// takeOverTx is takeOver in a transaction of its own.
+func (ls *logStore) takeOverTx(ctx context.Context, db *sql.DB, n int, alone bool, lease time.Duration) ([]Message, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, token.String(), n, alone, lease) })
+	ls.orphanedBatch(ctx, db, token.String(), err, false)
+	return msgs, err
+}
+
+// takeOver claims again, under claim token, the first batch whose lease
+// ran out or that was released, if its messages fit in n (or whatever its
+// size when alone), and moves the store's low-water mark past finished
+// batches.
+func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token string, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
 	if err := ls.lockClaims(ctx, tx); err != nil {
 		return nil, err
 	}
@@ -54,7 +68,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, n int, alone bool,
 		return nil, nil // settled meanwhile
 	}
 	b.n = len(msgs)
-	if msgs, err = ls.insertBatch(ctx, tx, b, lease, msgs); err != nil {
+	if msgs, err = ls.insertBatch(ctx, tx, b, token, lease, msgs); err != nil {
 		return nil, err
 	}
 	return ls.divert(ctx, tx, ref, msgs, blocked)

@@ -8,6 +8,7 @@ import (
 // name. User data never enters these texts: it travels as bind parameters.
 type queries struct {
 	claim, markPublished, release, markFailed string
+	releaseClaim                              string // orphan.go
 	pending, stats, parked, retry, retryAll   string
 	purge, purgeable, gauges, discard, lock   string
 	hold, unhold, lockIfOrdered               string
@@ -101,6 +102,8 @@ RETURNING id`),
 SET claimed_until = NULL, claim_token = NULL
 WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
 RETURNING id`),
+
+		releaseClaim: r2(releaseClaimSQL),
 
 		markFailed: r2(markFailedSQL + `
 RETURNING attempts, parked_at IS NOT NULL`),

@@ -51,7 +51,8 @@ type result struct {
 // wait out their lease unseen. Run on drain it returns its batch, which
 // the pipeline releases at once. It is bounded by a third of the lease
 // all the same (a hung database cannot hold a claim longer): what a
-// claim cut off there took is published after its lease, never lost.
+// claim cut off there took, the store gives back at once if it can reach
+// the database, or else it is published after its lease; never lost.
 func (r *Relay) claim(ctx, drain context.Context) (*batch, error) {
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(drain, r.cfg.Lease/3)

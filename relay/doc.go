@@ -99,7 +99,8 @@
 // cut it short: a claim cancelled mid-statement may have committed all the
 // same, and its messages would wait out their lease unseen; run to its end,
 // its batch is handed on and released. (A claim cut off at its bound is
-// retried after a backoff; what it took is published after its lease.)
+// retried after a backoff; what it took, the store gives back at once when
+// it can reach the database, else it is published after its lease.)
 //
 // A batch carries its claim time, and every deadline derives from it: its
 // publish ends by the claim time plus Config.PublishTimeout (a shutdown

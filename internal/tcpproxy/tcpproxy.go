@@ -1,12 +1,13 @@
 // Package tcpproxy forwards TCP connections from a local port to a target
 // and can cut every connection it carries: how outbox verify takes a
 // relay's database or broker connection away without administrator
-// rights.
+// rights. It can also hold the connections it carries: what their target
+// sends is dropped, as if the network lost it, so that a test sees a
+// server finish a statement whose client never hears of it.
 package tcpproxy
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
 )
@@ -17,7 +18,8 @@ type Proxy struct {
 	target string
 
 	mu    sync.Mutex
-	conns map[net.Conn]bool
+	conns map[net.Conn]bool // both sides of each connection; true for the target's
+	held  map[net.Conn]bool // target sides whose replies are dropped
 	cuts  int
 	wg    sync.WaitGroup
 }
@@ -29,7 +31,7 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}, held: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -51,7 +53,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
-		p.conns[c], p.conns[up] = true, true
+		p.conns[c], p.conns[up] = false, true // true: the target's side
 		p.mu.Unlock()
 		p.wg.Add(2)
 		go p.pipe(up, c)
@@ -61,13 +63,48 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			drop := p.held[src]
+			p.mu.Unlock()
+			if !drop {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+		}
+		if err != nil { // EOF, a reset or a cut: the connection ends
+			break
+		}
+	}
 	dst.Close()
 	src.Close()
 	p.mu.Lock()
 	delete(p.conns, dst)
 	delete(p.conns, src)
+	delete(p.held, dst)
+	delete(p.held, src)
 	p.mu.Unlock()
+}
+
+// Hold makes the connections in flight drop what their target sends from
+// now on, and returns how many it holds: their clients' requests still
+// reach the target, which runs them, but no reply comes back. Connections
+// accepted later are not held; a held one stays so until it is closed.
+func (p *Proxy) Hold() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for c, up := range p.conns {
+		if up {
+			p.held[c] = true
+			n++
+		}
+	}
+	return n
 }
 
 // Cut closes every connection in flight and returns how many; new ones

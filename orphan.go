@@ -1,0 +1,100 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"time"
+
+	"github.com/acemq/outbox/internal/pgerr"
+)
+
+// A claim whose caller gets an error may have committed all the same: its
+// context ended, or its connection was lost, while or after the server
+// committed it. Nobody publishes what it took, and until its lease ends
+// nobody else claims it either: after a dropped connection a relay's batch
+// (and, on an ordered table, the keys in it) would wait out the whole
+// lease. So a failed claim gives back at once whatever carries its claim
+// token, which the client makes before it claims. Giving back a claim that
+// did not commit changes nothing.
+//
+// It is best-effort: when the database cannot be reached the messages wait
+// for their lease as before, and a claim cut off while the server is still
+// running it may commit after the give-back has looked. Neither loses a
+// message.
+
+// orphanReleaseTimeout bounds giving back a failed claim, on a context of
+// its own (the claim's may have ended): it is one short statement.
+const orphanReleaseTimeout = 2 * time.Second
+
+// rolledBack says that err is the server's report of the failure of the
+// statement or transaction that would have committed a claim: nothing was
+// taken, and there is nothing to give back.
+func rolledBack(err error) bool { return pgerr.State(err) != "" }
+
+// releaseOrphan runs query, which gives back what claim token took and
+// returns how many rows it changed, after a claim failed with err (what
+// the caller saw), and reports whether it gave anything back. Errors are
+// logged, not returned: the claim's error is the one the caller needs.
+func (s *Store) releaseOrphan(ctx context.Context, db *sql.DB, query, token string, err error) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
+	defer cancel()
+	res, rerr := db.ExecContext(rctx, query, token)
+	var n int64
+	if rerr == nil {
+		n, rerr = res.RowsAffected()
+	}
+	switch {
+	case rerr != nil:
+		s.logger.DebugContext(ctx, "outbox: A claim failed and what it may have taken could not be given back at once; it is claimed again when its lease ends",
+			slog.String("table", s.t.full), slog.Any("claim_error", err), slog.Any("error", rerr))
+		return false
+	case n > 0:
+		s.logger.InfoContext(ctx, "outbox: A claim failed after it had taken messages; they were given back, to be claimed again at once",
+			slog.String("table", s.t.full), slog.Int64("rows", n), slog.Any("claim_error", err))
+		return true
+	}
+	return false
+}
+
+// releaseClaimSQL gives back the messages of a rows table that claim
+// token $1 took. Claimed messages are waiting ones: the claim index finds
+// them.
+const releaseClaimSQL = `UPDATE {table}
+SET claimed_until = NULL, claim_token = NULL
+WHERE {waiting} AND claim_token = $1::uuid`
+
+// releaseLogBatchSQL gives back the batch of a log table that claim token
+// $1 took (its first gen or a take-over's), as the relay releases one: a
+// settle of kind r, after which the next claim takes the batch over.
+const releaseLogBatchSQL = `INSERT INTO {settle} (batch_id, gen, kind, seqs)
+SELECT b.batch_id, b.gen, 'r', '{}'::bigint[] FROM {batch} AS b
+WHERE b.token = $1::uuid AND NOT EXISTS (SELECT 1 FROM {batch} AS l WHERE l.batch_id = b.batch_id AND l.gen > b.gen)`
+
+// releaseLogFailedSQL gives back the messages of a log table's failed
+// table that claim token $1 took.
+const releaseLogFailedSQL = `UPDATE {failed}
+SET claim_token = NULL, claimed_until = NULL
+WHERE claim_token = $1::uuid AND published_at IS NULL`
+
+// orphanedBatch gives back the batch claim token took, after a claim step
+// failed with err, unless the server reported that the step rolled back;
+// always, when force is set (the claim committed before err).
+func (ls *logStore) orphanedBatch(ctx context.Context, db *sql.DB, token string, err error, force bool) {
+	if err == nil || (!force && rolledBack(err)) {
+		return
+	}
+	if ls.s.releaseOrphan(ctx, db, ls.releaseBatchSQL, token, err) {
+		ls.scanSoon()
+	}
+}
+
+// orphanedFailed is orphanedBatch for a claim of the failed table.
+func (ls *logStore) orphanedFailed(ctx context.Context, db *sql.DB, token string, err error) {
+	if err == nil || rolledBack(err) {
+		return
+	}
+	if ls.s.releaseOrphan(ctx, db, ls.releaseFailedSQL, token, err) {
+		ls.failedSoon()
+	}
+}
