@@ -135,16 +135,19 @@ WHERE i.inhparent = to_regclass($1)`, `"`+table+`"`).Scan(&n)
 // kernelTruncate is the floor under a purge on this machine: the time the
 // kernel takes to truncate files of size bytes in all, in segments of 1 GB
 // as PostgreSQL keeps a relation, one after the other as its commits do.
-// The files are written and synced first, and so in the page cache and
-// clean, as a day's history is once checkpoints have written it (pages
-// still dirty truncate about twice as fast). PostgreSQL truncates the files
-// of a TRUNCATEd partition at the commit, in the committing backend: a
-// purge cannot take less. The files are written under TMPDIR, which may be
-// another file system than the database's; on this machine both are the
-// root file system.
+// The files are written as PostgreSQL writes its pages, 8 KB at a time
+// (written a megabyte at a time, the kernel keeps them in larger pieces of
+// its page cache, which it frees about twice as fast), and synced, and so
+// in the page cache and clean, as a day's history is once checkpoints have
+// written it (pages still dirty truncate about twice as fast). PostgreSQL
+// truncates the files of a TRUNCATEd partition at the commit, in the
+// committing backend: a purge cannot take less. On a file system mounted
+// with discard, both wait for the device to discard the blocks freed. The
+// files are written under TMPDIR, which may be another file system than
+// the database's; on the project's machine both are the root file system.
 func kernelTruncate(b *testing.B, size int64) time.Duration {
 	dir := b.TempDir()
-	chunk := make([]byte, 1<<20)
+	chunk := make([]byte, 8<<10)
 	var files []*os.File
 	for left, i := size, 0; left > 0; i++ {
 		f, err := os.Create(filepath.Join(dir, strconv.Itoa(i)))
