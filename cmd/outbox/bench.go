@@ -40,7 +40,8 @@ type benchOptions struct {
 // durable queue drained by a consumer that acks, beside the broker's own
 // limit (amqp091-go publishing the same messages with pipelined confirms,
 // no database) measured in the same run, before the relay's phase and
-// again after it. It drops what it created.
+// again after it, and on as many connections as the relay publishes on.
+// It drops what it created.
 func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("bench", x, "") // bench makes a scratch table of its own
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
@@ -255,72 +256,6 @@ type bencher struct {
 	cpu             cpuCost // where the CPU went in the last phase of a throughput run
 }
 
-func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
-	var broker, brokerAfter, shaped, relayed, ordered figure
-	var cpuBroker, cpuShaped, cpuRelay costs
-	var perRun []string // each run's relay against the broker alone just before and just after it
-	var outOfOrder, outOfOrderOrdered int
-	keys := "a key of its own for each"
-	if b.o.keys > 0 {
-		keys = fmt.Sprintf("%d key(s), in turn", b.o.keys)
-	}
-	for run := 1; run <= b.o.runs; run++ {
-		limit, err := b.brokerOnly(ctx, false)
-		if err != nil {
-			return err
-		}
-		brokerCPU := b.cpu
-		limitShaped, err := b.brokerOnly(ctx, true)
-		if err != nil {
-			return err
-		}
-		shapedCPU := b.cpu
-		rate, late, err := b.relayRun(ctx, b.store)
-		if err != nil {
-			return err
-		}
-		relayCPU := b.cpu // the broker alone's phase below measures its own
-		// The broker alone again: the machine's speed drifts, and a
-		// relay's figure between two of the broker's shows whether it
-		// drifted during the run.
-		limitAfter, err := b.brokerOnly(ctx, false)
-		if err != nil {
-			return err
-		}
-		broker, brokerAfter, shaped, relayed, outOfOrder = append(broker, limit), append(brokerAfter, limitAfter), append(shaped, limitShaped), append(relayed, rate), outOfOrder+late
-		cpuBroker, cpuShaped, cpuRelay = append(cpuBroker, brokerCPU), append(cpuShaped, shapedCPU), append(cpuRelay, relayCPU)
-		before, after := rate/limit, rate/limitAfter
-		perRun = append(perRun, fmt.Sprintf("%.2f/%.2f", before, after))
-		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f), relay %.0f msgs/s, broker alone again %.0f msgs/s: the relay = %.2f × the broker alone before it, %.2f × after%s; %d dead row versions left by the run%s; relay: %s\n",
-			run, limit, limitShaped, rate, limitAfter, before, after, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
-		fmt.Fprintf(b.stderr, "bench: run %d: CPU: broker alone: %s; the relay's messages: %s; relay: %s; broker alone again: %s\n",
-			run, brokerCPU.text(false), shapedCPU.text(false), relayCPU.text(b.o.relayProcess), b.cpu.text(false))
-		if b.o.ordered {
-			rate, late, err := b.relayRun(ctx, b.orderedStore)
-			if err != nil {
-				return err
-			}
-			ordered, outOfOrderOrdered = append(ordered, rate), outOfOrderOrdered+late
-			fmt.Fprintf(b.stderr, "bench: run %d: relay in ordered mode %.0f msgs/s; relay: %s\n", run, rate, b.phases)
-		}
-	}
-	fmt.Fprintf(out, "bench: broker alone (amqp091-go, confirms pipelined, window 1000): %s msgs/s; again after the relay: %s msgs/s\n", broker, brokerAfter)
-	fmt.Fprintf(out, "bench: relay, %d messages written first over %s; %s msgs/s = %.2f × the broker alone; %d first deliveries out of their key's order\n",
-		b.o.messages, keys, relayed, relayed.median()/broker.median(), outOfOrder)
-	fmt.Fprintf(out, "bench: each run's relay against the broker alone just before and just after it: %s\n", strings.Join(perRun, ", "))
-	fmt.Fprintf(out, "bench: broker alone publishing what the relay publishes (a key header, type, timestamp): %s msgs/s; the relay = %.2f × that\n",
-		shaped, relayed.median()/shaped.median())
-	if c := cpuRelay.median(); c.ok {
-		fmt.Fprintf(out, "bench: CPU (medians): broker alone: %s; broker alone with the relay's messages: %s; relay: %s\n",
-			cpuBroker.median().text(false), cpuShaped.median().text(false), c.text(b.o.relayProcess))
-	}
-	if b.o.ordered {
-		fmt.Fprintf(out, "bench: relay in ordered mode, same messages: %s msgs/s = %.2f × unordered, %.2f × the broker alone; %d first deliveries out of their key's order\n",
-			ordered, ordered.median()/relayed.median(), ordered.median()/broker.median(), outOfOrderOrdered)
-	}
-	return nil
-}
-
 // consume drains the queue with manual acks until want distinct message
 // ids have arrived, calling seen for each new one. It returns when they
 // have, or when ctx ends.
@@ -376,62 +311,6 @@ func (b *bencher) consume(ctx context.Context, want int, seen func(d *amqp.Deliv
 		_ = ch.Close()
 		return err
 	}, nil
-}
-
-// brokerOnly publishes the messages with amqp091-go alone, a window of
-// 1000 unconfirmed, while the consumer drains: the limit of this broker
-// and machine for this message size, without a database. Bare messages
-// carry an id and a content type; shaped ones are what the relay publishes
-// for the bench's events (relay.Publishing: the key in a header, the type
-// and a timestamp), which cost the broker more.
-func (b *bencher) brokerOnly(ctx context.Context, shape bool) (float64, error) {
-	ch, err := b.pubConn.Channel()
-	if err != nil {
-		return 0, err
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return 0, err
-	}
-	wait, err := b.consume(ctx, b.o.messages, func(*amqp.Delivery) {})
-	if err != nil {
-		return 0, err
-	}
-	cpu := readCPU(0)
-	start := time.Now()
-	confirms := make([]*amqp.DeferredConfirmation, 0, b.o.messages)
-	oldest := 0
-	for i := range b.o.messages {
-		msg := amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: "application/json", MessageId: "broker-" + strconv.Itoa(i), Body: b.payload,
-		}
-		if shape {
-			msg = relay.Publishing(&outbox.Message{ID: msg.MessageId, Key: b.key(i), EventType: "bench.tick", ContentType: msg.ContentType,
-				CreatedAt: time.Now(), Payload: b.payload})
-		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, "bench.tick", true, false, msg)
-		if err != nil {
-			return 0, err
-		}
-		confirms = append(confirms, dc)
-		if len(confirms)-oldest == 1000 { // a window of 1000 unconfirmed
-			if _, err := confirms[oldest].WaitContext(ctx); err != nil {
-				return 0, err
-			}
-			oldest++
-		}
-	}
-	for _, dc := range confirms[oldest:] {
-		if _, err := dc.WaitContext(ctx); err != nil {
-			return 0, err
-		}
-	}
-	if err := wait(); err != nil {
-		return 0, err
-	}
-	elapsed := time.Since(start)
-	b.cpu = readCPU(0).sub(cpu).per(b.o.messages)
-	return float64(b.o.messages) / elapsed.Seconds(), nil
 }
 
 // startRelay runs a relay with the default configuration (the batch size
