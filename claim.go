@@ -65,14 +65,14 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	}
 	rows, err := db.QueryContext(ctx, s.queriesNow().claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
 	if err != nil {
-		if !rolledBack(err) {
+		if !keepClaim(err) {
 			s.releaseOrphan(ctx, db, s.q.releaseClaim, token.String(), err) // see orphan.go
 		}
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
 	}
 	msgs, err := scanMessages(rows, token.String())
 	if err != nil {
-		if !rolledBack(err) {
+		if !keepClaim(err) {
 			s.releaseOrphan(ctx, db, s.q.releaseClaim, token.String(), err)
 		}
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
@@ -106,10 +106,10 @@ func scanMessage(rows *sql.Rows, token string, extra ...any) (Message, error) {
 	dest := append([]any{&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
 		&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt}, extra...)
 	if err := rows.Scan(dest...); err != nil {
-		return Message{}, err
+		return Message{}, badRowError{err}
 	}
 	if err := m.decodeHeaders(headers); err != nil {
-		return Message{}, err
+		return Message{}, badRowError{err}
 	}
 	m.ClaimedUntil, m.ParkedAt, m.claimToken = claimed.Time, parkedAt.Time, token
 	return m, nil

@@ -426,10 +426,10 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 		)
 		if err := rows.Scan(&batch, &m.ClaimedUntil, &m.ID, &m.Seq, &tx, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
 			&m.ContentType, &headers, &m.CreatedAt, &ord, &b, &ordered); err != nil {
-			return nil, err
+			return nil, badRowError{err}
 		}
 		if err := m.decodeHeaders(headers); err != nil {
-			return nil, err
+			return nil, badRowError{err}
 		}
 		if ref == "" {
 			ref = batchRef{batch: batch}.String()

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -27,10 +28,23 @@ import (
 // its own (the claim's may have ended): it is one short statement.
 const orphanReleaseTimeout = 2 * time.Second
 
-// rolledBack says that err is the server's report of the failure of the
-// statement or transaction that would have committed a claim: nothing was
-// taken, and there is nothing to give back.
-func rolledBack(err error) bool { return pgerr.State(err) != "" }
+// keepClaim says that a claim that failed with err is not to be given
+// back: the server reported the failure of the statement or transaction
+// that would have committed it (nothing was taken), or a row it took could
+// not be read (badRowError), which the next claim would take again first,
+// failing the same way and holding up every message behind it; its lease
+// keeps it aside instead, and the claims after it take the others.
+func keepClaim(err error) bool {
+	var bad badRowError
+	return pgerr.State(err) != "" || errors.As(err, &bad)
+}
+
+// badRowError is the failure to read a claimed row: a column that does not
+// scan, headers that do not decode (a row written by hand, say).
+type badRowError struct{ err error }
+
+func (e badRowError) Error() string { return e.err.Error() }
+func (e badRowError) Unwrap() error { return e.err }
 
 // releaseOrphan runs query, which gives back what claim token took and
 // returns how many rows it changed, after a claim failed with err (what
@@ -78,10 +92,10 @@ SET claim_token = NULL, claimed_until = NULL
 WHERE claim_token = $1::uuid AND published_at IS NULL`
 
 // orphanedBatch gives back the batch claim token took, after a claim step
-// failed with err, unless the server reported that the step rolled back;
-// always, when force is set (the claim committed before err).
+// failed with err, unless keepClaim says not to; always, when force is set
+// (the claim committed and its rows were read before err).
 func (ls *logStore) orphanedBatch(ctx context.Context, db *sql.DB, token string, err error, force bool) {
-	if err == nil || (!force && rolledBack(err)) {
+	if err == nil || (!force && keepClaim(err)) {
 		return
 	}
 	if ls.s.releaseOrphan(ctx, db, ls.releaseBatchSQL, token, err) {
@@ -91,7 +105,7 @@ func (ls *logStore) orphanedBatch(ctx context.Context, db *sql.DB, token string,
 
 // orphanedFailed is orphanedBatch for a claim of the failed table.
 func (ls *logStore) orphanedFailed(ctx context.Context, db *sql.DB, token string, err error) {
-	if err == nil || rolledBack(err) {
+	if err == nil || keepClaim(err) {
 		return
 	}
 	if ls.s.releaseOrphan(ctx, db, ls.releaseFailedSQL, token, err) {

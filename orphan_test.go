@@ -39,6 +39,15 @@ func proxiedDB(t *testing.T) (*sql.DB, *tcpproxy.Proxy) {
 	return db, proxy
 }
 
+// setupLayout is setup or setupLog, by layout ("rows" or "log").
+func setupLayout(t *testing.T, layout string) *testBundle {
+	t.Helper()
+	if layout == "log" {
+		return setupLog(t, nil)
+	}
+	return setup(t, nil)
+}
+
 // claimCutOff holds the proxy's one connection, makes a claim on it and
 // waits until taken (a count, on db) shows that it committed want
 // messages on the server; then it ends the claim's context: the caller
@@ -69,12 +78,7 @@ func TestClaimCutOffAfterCommitGivesItsMessagesBack(t *testing.T) {
 	for _, layout := range []string{"rows", "log"} {
 		t.Run(layout, func(t *testing.T) {
 			ctx := context.Background()
-			var b *testBundle
-			if layout == "log" {
-				b = setupLog(t, nil)
-			} else {
-				b = setup(t, nil)
-			}
+			b := setupLayout(t, layout)
 			pdb, proxy := proxiedDB(t)
 			store, err := outbox.NewStore(pdb, &outbox.StoreConfig{Table: b.table, Logger: dbtest.Logger(t)})
 			require.NoError(t, err)
@@ -144,4 +148,28 @@ func TestLogFailedClaimCutOffAfterCommitGivesItBack(t *testing.T) {
 	require.Len(t, msgs, 1, "given back and claimed again")
 	require.Equal(t, failed.ID, msgs[0].ID)
 	require.Equal(t, 1, msgs[0].Attempts, "giving back counts no attempt")
+}
+
+// A claim that fails on a row it cannot read (headers written by hand that
+// do not decode) keeps its claim: given back, the next claim would take
+// the same row first and fail again, and nothing behind it would move.
+// The claims after it take the others.
+func TestClaimOfABadRowIsNotGivenBack(t *testing.T) {
+	for _, layout := range []string{"rows", "log"} {
+		t.Run(layout, func(t *testing.T) {
+			ctx := context.Background()
+			b := setupLayout(t, layout)
+			_, err := b.db.ExecContext(ctx, `INSERT INTO "`+b.table+`" (id, event_type, payload, headers) VALUES (gen_random_uuid(), 'bad', '\x7b7d', '{"n": 1}')`)
+			require.NoError(t, err)
+			b.addCommitted(t, events(3)...)
+			_, err = b.store.Claim(ctx, 1, time.Hour)
+			require.ErrorContains(t, err, "decoding headers", "the bad row, first")
+			msgs, err := b.store.Claim(ctx, 10, time.Hour)
+			require.NoError(t, err, "the next claim takes the others")
+			require.Len(t, msgs, 3)
+			for _, m := range msgs {
+				require.Equal(t, "thing.happened", m.EventType)
+			}
+		})
+	}
 }
