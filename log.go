@@ -572,14 +572,22 @@ type layoutState struct {
 // of the log layout of an earlier version is LayoutLog with an error
 // wrapping ErrInvalidTable that says how to bring it up to date.
 func (s *Store) Layout(ctx context.Context) (Layout, error) {
+	l, _, err := s.layout(ctx)
+	return l, err
+}
+
+// layout is Layout, and returns the table's log store with it (nil for the
+// rows layout), read under the same lock: a change of layout (relayout)
+// makes the next call read the table again and replace the log store.
+func (s *Store) layout(ctx context.Context) (Layout, *logStore, error) {
 	db, err := s.pool()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	s.layoutMu.Lock()
 	defer s.layoutMu.Unlock()
 	if s.layoutKnown != 0 {
-		return s.layoutKnown, nil
+		return s.layoutKnown, s.log, nil
 	}
 	l := s.t.logTables()
 	var (
@@ -594,23 +602,23 @@ func (s *Store) Layout(ctx context.Context) (Layout, error) {
 	to_regclass($2) IS NOT NULL
 FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.oid`, s.t.quoted, l.meta).Scan(&kind, &rows, &hasMeta)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+		return 0, nil, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
 	}
 	switch {
 	case !kind.Valid:
-		return 0, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", s.t.full)
+		return 0, nil, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", s.t.full)
 	case hasMeta && kind.String == "p":
 		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk, coalesce(obj_description(to_regprocedure($1), 'pg_proc'), '') FROM "+l.meta+" LIMIT 1",
 			l.claimFn+logClaimArgs).Scan(&version, &chunk, &parts, &bchunk, &claimMark)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+			return 0, nil, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
 		}
 		if version.Valid && version.Int64 < logVersion {
-			return LayoutLog, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
+			return LayoutLog, nil, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
 				ErrInvalidTable, s.t.full, version.Int64, logVersion)
 		}
 		if !version.Valid || version.Int64 != logVersion {
-			return 0, fmt.Errorf("%w: %s has the log layout of version %d, which this version of the library (log layout %d) does not know",
+			return 0, nil, fmt.Errorf("%w: %s has the log layout of version %d, which this version of the library (log layout %d) does not know",
 				ErrInvalidTable, s.t.full, version.Int64, logVersion)
 		}
 		l.chunk, l.parts, l.batchChunk = chunk.Int64, parts.Int64, bchunk.Int64
@@ -623,10 +631,10 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 	case rows && kind.String == "r":
 		s.layoutKnown = LayoutRows
 	default:
-		return 0, fmt.Errorf("%w: %s is neither an outbox table of the rows layout (no published_at column) nor one of the log layout (no %s table): is it an outbox table?",
+		return 0, nil, fmt.Errorf("%w: %s is neither an outbox table of the rows layout (no published_at column) nor one of the log layout (no %s table): is it an outbox table?",
 			ErrInvalidTable, s.t.full, l.meta)
 	}
-	return s.layoutKnown, nil
+	return s.layoutKnown, s.log, nil
 }
 
 // claimRevision reads the revision of a claim function from its comment:
@@ -648,7 +656,7 @@ func (s *Store) logged(ctx context.Context) (*logStore, error) {
 	if s.db == nil {
 		return nil, nil
 	}
-	l, err := s.Layout(ctx)
+	l, ls, err := s.layout(ctx)
 	if err != nil {
 		if errors.Is(err, ErrInvalidTable) {
 			return nil, err
@@ -656,7 +664,7 @@ func (s *Store) logged(ctx context.Context) (*logStore, error) {
 		return nil, nil
 	}
 	if l == LayoutLog {
-		return s.log, nil
+		return ls, nil
 	}
 	return nil, nil
 }
