@@ -63,22 +63,22 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	if err != nil {
 		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
 	}
-	rows, err := db.QueryContext(ctx, s.queriesNow().claim, n, lease.Microseconds(), token.String(), s.batchMaxBytes)
+	msgs, err := s.claimRows(ctx, db, n, lease, token.String())
 	if err != nil {
-		if !keepClaim(err) {
-			s.releaseOrphan(ctx, db, s.q.releaseClaim, token.String(), err) // see orphan.go
-		}
+		s.giveBack(ctx, db, s.q.releaseClaim, token.String(), err, false) // see orphan.go
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
-	}
-	msgs, err := scanMessages(rows, token.String())
-	if err != nil {
-		if !keepClaim(err) {
-			s.releaseOrphan(ctx, db, s.q.releaseClaim, token.String(), err)
-		}
-		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
 	}
 	sortBySeq(msgs)
 	return msgs, nil
+}
+
+// claimRows claims up to n messages of a rows table under token.
+func (s *Store) claimRows(ctx context.Context, db *sql.DB, n int, lease time.Duration, token string) ([]Message, error) {
+	rows, err := db.QueryContext(ctx, s.queriesNow().claim, n, lease.Microseconds(), token, s.batchMaxBytes)
+	if err != nil {
+		return nil, err
+	}
+	return scanMessages(rows, token)
 }
 
 func scanMessages(rows *sql.Rows, token string) ([]Message, error) {

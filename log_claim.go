@@ -269,7 +269,11 @@ func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease ti
 	if err != nil {
 		return nil, err
 	}
-	defer func() { ls.orphanedFailed(ctx, db, token.String(), err) }()
+	defer func() {
+		if ls.s.giveBack(ctx, db, ls.releaseFailedSQL, token.String(), err, false) { // see orphan.go
+			ls.failedSoon()
+		}
+	}()
 	ref := batchRef{token: token.String()}.String()
 	if ls.s.Ordering() != OrderedByKey {
 		rows, err := db.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
@@ -401,8 +405,8 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 	ls.mu.Lock()
 	low := ls.low
 	ls.mu.Unlock()
-	committed := false // the claim did: what fails after it leaves its batch behind
-	defer func() { ls.orphanedBatch(ctx, db, token.String(), err, committed) }()
+	committed := false                                                           // the claim did: what fails after it leaves its batch behind
+	defer func() { ls.giveBackBatch(ctx, db, token.String(), err, committed) }() // see orphan.go
 	rows, err := db.QueryContext(ctx, ls.claimSQL, n, lease.Microseconds(), ls.s.batchMaxBytes, token.String(), low)
 	if err != nil {
 		return nil, err

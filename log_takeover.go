@@ -19,7 +19,7 @@ func (ls *logStore) takeOverTx(ctx context.Context, db *sql.DB, n int, alone boo
 		return nil, err
 	}
 	msgs, err := inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, token.String(), n, alone, lease) })
-	ls.orphanedBatch(ctx, db, token.String(), err, false)
+	ls.giveBackBatch(ctx, db, token.String(), err, false) // see orphan.go
 	return msgs, err
 }
 

@@ -24,9 +24,9 @@ import (
 // running it may commit after the give-back has looked. Neither loses a
 // message.
 
-// orphanReleaseTimeout bounds giving back a failed claim, on a context of
+// giveBackTimeout bounds giving back a failed claim, on a context of
 // its own (the claim's may have ended): it is one short statement.
-const orphanReleaseTimeout = 2 * time.Second
+const giveBackTimeout = 2 * time.Second
 
 // keepClaim says that a claim that failed with err is not to be given
 // back: the server reported the failure of the statement or transaction
@@ -46,12 +46,17 @@ type badRowError struct{ err error }
 func (e badRowError) Error() string { return e.err.Error() }
 func (e badRowError) Unwrap() error { return e.err }
 
-// releaseOrphan runs query, which gives back what claim token took and
-// returns how many rows it changed, after a claim failed with err (what
-// the caller saw), and reports whether it gave anything back. Errors are
-// logged, not returned: the claim's error is the one the caller needs.
-func (s *Store) releaseOrphan(ctx context.Context, db *sql.DB, query, token string, err error) bool {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
+// giveBack runs query, which gives back what claim token took and returns
+// how many rows it changed, after a claim failed with err (what the caller
+// saw), unless keepClaim(err) says not to or, with committed, whatever err
+// says (the claim committed and its rows were read before err). It reports
+// whether it gave anything back. Errors are logged, not returned: the
+// claim's error is the one the caller needs.
+func (s *Store) giveBack(ctx context.Context, db *sql.DB, query, token string, err error, committed bool) bool {
+	if err == nil || (!committed && keepClaim(err)) {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
 	res, rerr := db.ExecContext(rctx, query, token)
 	var n int64
@@ -91,24 +96,10 @@ const releaseLogFailedSQL = `UPDATE {failed}
 SET claim_token = NULL, claimed_until = NULL
 WHERE claim_token = $1::uuid AND published_at IS NULL`
 
-// orphanedBatch gives back the batch claim token took, after a claim step
-// failed with err, unless keepClaim says not to; always, when force is set
-// (the claim committed and its rows were read before err).
-func (ls *logStore) orphanedBatch(ctx context.Context, db *sql.DB, token string, err error, force bool) {
-	if err == nil || (!force && keepClaim(err)) {
-		return
-	}
-	if ls.s.releaseOrphan(ctx, db, ls.releaseBatchSQL, token, err) {
+// giveBackBatch is giveBack for the batch of a log table that claim token
+// took: the next claim takes it over.
+func (ls *logStore) giveBackBatch(ctx context.Context, db *sql.DB, token string, err error, committed bool) {
+	if ls.s.giveBack(ctx, db, ls.releaseBatchSQL, token, err, committed) {
 		ls.scanSoon()
-	}
-}
-
-// orphanedFailed is orphanedBatch for a claim of the failed table.
-func (ls *logStore) orphanedFailed(ctx context.Context, db *sql.DB, token string, err error) {
-	if err == nil || keepClaim(err) {
-		return
-	}
-	if ls.s.releaseOrphan(ctx, db, ls.releaseFailedSQL, token, err) {
-		ls.failedSoon()
 	}
 }
