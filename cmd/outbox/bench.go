@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqpdial"
 	"github.com/acemq/outbox/relay"
 )
 
@@ -178,9 +179,13 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	// machine where the broker was the bound, the broker alone made 7,413
 	// msgs/s with one connection and 9,359 with two (BENCHMARKS.md).
 	dial := func(name string) (*amqp.Connection, error) {
-		conn, err := amqp.DialConfig(urls[0], amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US", Properties: amqp.Table{"connection_name": name}})
+		d, err := amqpdial.New("outbox bench", "the AMQP URL", amqpdial.Config{URLs: urls[:1], Heartbeat: 10 * time.Second, Name: name})
 		if err != nil {
-			return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
+			return nil, err
+		}
+		conn, err := d.Dial(ctx, 0)
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(d.Redact(err.Error())))
 		}
 		return conn, nil
 	}

@@ -70,18 +70,24 @@ func TestNoSecretIsEverPrinted(t *testing.T) {
 			check(map[string]string{"DATABASE_URL": dbtest.URL()}, name, "--amqp-url", a, "--bad-flag")
 		}
 	}
-	for _, a := range amqpURLs {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		var stdout, stderr bytes.Buffer
-		run(ctx, []string{"bench", "--messages", "1", "--amqp-url", a}, &stdout, &stderr, func(k string) string {
-			if k == "DATABASE_URL" {
-				return dbtest.URL()
+	for what, a := range amqpURLs {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for _, args := range [][]string{{"bench", "--messages", "1"}, {"verify", "--duration", "1s"}} {
+			var stdout, stderr bytes.Buffer
+			code := run(ctx, append(args, "--amqp-url", a), &stdout, &stderr, func(k string) string {
+				if k == "DATABASE_URL" {
+					return dbtest.URL()
+				}
+				return ""
+			})
+			require.NotZero(t, code, "outbox %v with a refused or malformed AMQP URL", args)
+			require.NotContains(t, stdout.String()+stderr.String(), pw)
+			require.Contains(t, stderr.String(), "xxxxx", "outbox %v: the URL is shown, redacted:\n%s", args, stderr.String())
+			if what == "amqp malformed" {
+				require.NotContains(t, stderr.String(), "scratch table", "outbox %v refuses a malformed URL before it creates anything", args)
 			}
-			return ""
-		})
+		}
 		cancel()
-		require.NotContains(t, stdout.String()+stderr.String(), pw)
-		require.Contains(t, stderr.String(), "xxxxx", "the URL is shown, redacted")
 	}
 	t.Logf("%d command lines checked", runs)
 }

@@ -13,10 +13,11 @@ import (
 	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqpdial"
 	"github.com/acemq/outbox/internal/tcpproxy"
+	"github.com/acemq/outbox/relay"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // verifyFaults are the faults outbox verify can inject, none of which
@@ -109,14 +110,21 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	}
 	urls := c.amqpURLs(*amqpURL)
 	if len(urls) == 0 {
-		urls = []string{"amqp://guest:guest@localhost:5672/"}
+		urls = []string{relay.AMQPURLDefault}
+	}
+	if _, err := amqp.ParseURI(urls[0]); err != nil { // before anything is created
+		return fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(urls[0]), c.secrets.scrub(err.Error()))
+	}
+	dialer, err := amqpdial.New("verify", "--amqp-url", amqpdial.Config{URLs: urls[:1], Name: "outbox-verify"})
+	if err != nil {
+		return err
 	}
 	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	v := &verifier{c: c, o: o, db: db, dbURL: c.databaseURL, amqpURL: urls[0], faults: map[string]int{}}
+	v := &verifier{c: c, o: o, db: db, dbURL: c.databaseURL, amqpURL: urls[0], dialer: dialer, faults: map[string]int{}}
 	rep, err := v.run(ctx)
 	if err != nil {
 		return err
@@ -141,6 +149,7 @@ type verifier struct {
 	o              verifyOptions
 	db             *sql.DB
 	dbURL, amqpURL string
+	dialer         *amqpdial.Dialer // of amqpURL
 	table          string
 	exchange       string
 	queue          string
@@ -189,9 +198,9 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	if !v.o.keep {
 		defer v.db.ExecContext(context.WithoutCancel(ctx), dropScratch(v.table)+`; DROP TABLE IF EXISTS "`+v.table+`_inbox", "`+v.table+`_effects"`) //nolint:errcheck
 	}
-	conn, err := amqp.Dial(v.amqpURL)
+	conn, err := v.dialer.Dial(ctx, 0)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(v.amqpURL), v.c.secrets.scrub(err.Error()))
+		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(v.amqpURL), v.c.secrets.scrub(v.dialer.Redact(err.Error())))
 	}
 	defer conn.Close()
 	if err := v.declare(ctx, conn); err != nil {
