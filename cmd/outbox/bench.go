@@ -74,7 +74,10 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	o.databaseURL = c.databaseURL
-	urls := c.amqpURLs(*amqpURL)
+	dialer, urls, err := c.amqpDialer(*amqpURL, "")
+	if err != nil {
+		return err
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -124,12 +127,6 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if o.ackEvery > o.prefetch {
 		return c.usageError("--ack-every (%d) must not exceed --prefetch (%d), or the consumer stalls", o.ackEvery, o.prefetch)
 	}
-	if len(urls) == 0 {
-		urls = []string{relay.AMQPURLDefault}
-	}
-	if _, err := amqp.ParseURI(urls[0]); err != nil {
-		return fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(urls[0]), x.secrets.scrub(err.Error()))
-	}
 
 	var b [4]byte
 	_, _ = rand.Read(b[:])
@@ -178,17 +175,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	// connection then has its acks held back with the publishes. On a
 	// machine where the broker was the bound, the broker alone made 7,413
 	// msgs/s with one connection and 9,359 with two (BENCHMARKS.md).
-	dial := func(name string) (*amqp.Connection, error) {
-		d, err := amqpdial.New("outbox bench", "the AMQP URL", amqpdial.Config{URLs: urls[:1], Heartbeat: 10 * time.Second, Name: name})
-		if err != nil {
-			return nil, err
-		}
-		conn, err := d.Dial(ctx, 0)
-		if err != nil {
-			return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(urls[0]), x.secrets.scrub(d.Redact(err.Error())))
-		}
-		return conn, nil
-	}
+	dial := func(name string) (*amqp.Connection, error) { return c.dialFirst(ctx, dialer.Named(name), urls[0]) }
 	conn, err := dial("outbox-bench-consumer")
 	if err != nil {
 		return err
@@ -226,7 +213,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %s layout; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
 		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.layout, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
 
-	bench := &bencher{o: o, db: db, store: store, orderedStore: ordered, conn: conn, pubConn: pubConn, urls: urls, exchange: exchange, queue: queue, table: c.table,
+	bench := &bencher{o: o, db: db, store: store, orderedStore: ordered, conn: conn, pubConn: pubConn, dialer: dialer, urls: urls, exchange: exchange, queue: queue, table: c.table,
 		payload: []byte(`"` + strings.Repeat("x", max(o.size-2, 0)) + `"`), stderr: c.stderr}
 	if o.rate == 0 {
 		return bench.throughput(ctx, c.stdout)
@@ -248,6 +235,7 @@ type bencher struct {
 	orderedStore    *outbox.Store    // the same table in ordered mode
 	conn            *amqp.Connection // the consumer's
 	pubConn         *amqp.Connection // the publisher's, when the bench publishes (broker alone, the floor)
+	dialer          *amqpdial.Dialer // of urls
 	urls            []string
 	exchange, queue string
 	table           string

@@ -115,10 +115,7 @@ func (b *bencher) brokerOnly(ctx context.Context, shape bool, conns int) (float6
 	pubs := []*amqp.Connection{b.pubConn}
 	gathers := []*amqpdial.Gather{nil}
 	if conns > 0 {
-		d, err := amqpdial.New("bench", "the AMQP URL", amqpdial.Config{URLs: b.urls[:1], Heartbeat: 10 * time.Second, Name: "outbox-bench-publisher"})
-		if err != nil {
-			return 0, err
-		}
+		d := b.dialer.Named("outbox-bench-publisher")
 		pubs, gathers = pubs[:0], gathers[:0]
 		for range conns {
 			c, g, err := d.DialGather(ctx, 0)

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox/internal/amqpdial"
+	"github.com/acemq/outbox/relay"
 	"github.com/acemq/outbox/topology"
 )
 
@@ -92,14 +93,38 @@ func cmdDeclare(ctx context.Context, x *cli, args []string) error {
 	return nil
 }
 
+// amqpDialer returns the dialer of the broker URLs of --amqp-url, else of
+// AMQP_URL, else relay.AMQPURLDefault, and the URLs. A URL that does not
+// parse is refused here, shown with its password redacted, before the
+// command creates anything.
+func (c *common) amqpDialer(flagValue, name string) (*amqpdial.Dialer, []string, error) {
+	urls := c.amqpURLs(flagValue)
+	if len(urls) == 0 {
+		urls = []string{relay.AMQPURLDefault}
+	}
+	for _, u := range urls {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return nil, nil, fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(u), c.secrets.scrub(err.Error()))
+		}
+	}
+	d, err := amqpdial.New("outbox "+c.name, "--amqp-url", amqpdial.Config{URLs: urls, Name: name})
+	return d, urls, err
+}
+
+// dialFirst connects to the first node of d, for a command that works on
+// one broker: the error names the node with its password redacted.
+func (c *common) dialFirst(ctx context.Context, d *amqpdial.Dialer, url string) (*amqp.Connection, error) {
+	conn, err := d.Dial(ctx, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(url), c.secrets.scrub(d.Redact(err.Error())))
+	}
+	return conn, nil
+}
+
 // dialAny connects to the first node of --amqp-url (or AMQP_URL) that
 // answers.
 func dialAny(ctx context.Context, c *common, flagValue, name string) (*amqp.Connection, error) {
-	urls := c.amqpURLs(flagValue)
-	if len(urls) == 0 {
-		urls = []string{"amqp://guest:guest@localhost:5672/"}
-	}
-	dialer, err := amqpdial.New("outbox "+c.name, "--amqp-url", amqpdial.Config{URLs: urls, Name: name})
+	dialer, _, err := c.amqpDialer(flagValue, name)
 	if err != nil {
 		return nil, err
 	}

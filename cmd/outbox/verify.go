@@ -16,8 +16,6 @@ import (
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/amqpdial"
 	"github.com/acemq/outbox/internal/tcpproxy"
-	"github.com/acemq/outbox/relay"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // verifyFaults are the faults outbox verify can inject, none of which
@@ -108,14 +106,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 			o.faults = append(o.faults, f)
 		}
 	}
-	urls := c.amqpURLs(*amqpURL)
-	if len(urls) == 0 {
-		urls = []string{relay.AMQPURLDefault}
-	}
-	if _, err := amqp.ParseURI(urls[0]); err != nil { // before anything is created
-		return fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(urls[0]), c.secrets.scrub(err.Error()))
-	}
-	dialer, err := amqpdial.New("verify", "--amqp-url", amqpdial.Config{URLs: urls[:1], Name: "outbox-verify"})
+	dialer, urls, err := c.amqpDialer(*amqpURL, "outbox-verify")
 	if err != nil {
 		return err
 	}
@@ -198,9 +189,9 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	if !v.o.keep {
 		defer v.db.ExecContext(context.WithoutCancel(ctx), dropScratch(v.table)+`; DROP TABLE IF EXISTS "`+v.table+`_inbox", "`+v.table+`_effects"`) //nolint:errcheck
 	}
-	conn, err := v.dialer.Dial(ctx, 0)
+	conn, err := v.c.dialFirst(ctx, v.dialer, v.amqpURL)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redactDSN(v.amqpURL), v.c.secrets.scrub(v.dialer.Redact(err.Error())))
+		return nil, err
 	}
 	defer conn.Close()
 	if err := v.declare(ctx, conn); err != nil {

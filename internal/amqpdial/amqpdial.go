@@ -68,6 +68,14 @@ func New(prefix, field string, cfg Config) (*Dialer, error) {
 	return d, nil
 }
 
+// Named returns a dialer of the same nodes whose connections carry name in
+// the management UI.
+func (d *Dialer) Named(name string) *Dialer {
+	n := *d
+	n.cfg.Name = name
+	return &n
+}
+
 // Nodes is how many URLs there are.
 func (d *Dialer) Nodes() int { return len(d.cfg.URLs) }
 
