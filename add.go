@@ -359,17 +359,8 @@ func checkEvent(e *Event, exchange, key string, headers map[string]string) error
 		size += 6 + len(KeyHeader) + len(e.Key)
 	}
 	for k, v := range headers {
-		switch {
-		case k == KeyHeader:
-			return bad("header %q is reserved for Event.Key; set Key instead", KeyHeader)
-		case k == "":
-			return bad("a header name is empty")
-		case !validText(k):
-			return bad("header name %.40q is not valid UTF-8 text or holds a NUL byte", k)
-		case !validText(v):
-			return bad("the value of header %.40q is not valid UTF-8 text or holds a NUL byte", k)
-		case len(k) > shortStrMax:
-			return bad("header name %.40q… is %d bytes; AMQP allows at most %d", k, len(k), shortStrMax)
+		if fault := headerFault(k, v); fault != "" {
+			return bad("%s", fault)
 		}
 		size += 6 + len(k) + len(v)
 	}
@@ -377,6 +368,25 @@ func checkEvent(e *Event, exchange, key string, headers map[string]string) error
 		return bad("its headers and Key take %d bytes on the wire, more than the %d of HeadersMaxBytes (an AMQP frame carries them all); put large data in the Payload", size, HeadersMaxBytes)
 	}
 	return nil
+}
+
+// headerFault says why Add refuses a header, or "" when it does not. A
+// claim sets aside a row written by SQL with such a header the same way
+// (see Store.Claim).
+func headerFault(k, v string) string {
+	switch {
+	case k == KeyHeader:
+		return fmt.Sprintf("header %q is reserved for Event.Key; set Key instead", KeyHeader)
+	case k == "":
+		return "a header name is empty"
+	case !validText(k):
+		return fmt.Sprintf("header name %.40q is not valid UTF-8 text or holds a NUL byte", k)
+	case !validText(v):
+		return fmt.Sprintf("the value of header %.40q is not valid UTF-8 text or holds a NUL byte", k)
+	case len(k) > shortStrMax:
+		return fmt.Sprintf("header name %.40q… is %d bytes; AMQP allows at most %d", k, len(k), shortStrMax)
+	}
+	return ""
 }
 
 // validText reports whether PostgreSQL can store s as text unchanged.

@@ -64,11 +64,14 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
 	}
 	msgs, err := s.claimRows(ctx, db, n, lease, token.String())
+	if err == nil {
+		sortBySeq(msgs)
+		msgs, err = s.parkUnfit(ctx, db, token.String(), msgs)
+	}
 	if err != nil {
 		s.giveBack(ctx, db, s.q.releaseClaim, token.String(), err, false) // see orphan.go
 		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
 	}
-	sortBySeq(msgs)
 	return msgs, nil
 }
 
@@ -95,7 +98,10 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 }
 
 // scanMessage reads one row of the columns scanMessages reads, then into
-// extra, the columns after them.
+// extra, the columns after them. A row that cannot be relayed as written
+// (a column that does not scan, headers that do not decode or that Add
+// refuses: a row written by SQL) is returned with the reason in unfit; one
+// whose id cannot be read either is an error (badRowError).
 func scanMessage(rows *sql.Rows, token string, extra ...any) (Message, error) {
 	var (
 		m        Message
@@ -106,24 +112,117 @@ func scanMessage(rows *sql.Rows, token string, extra ...any) (Message, error) {
 	dest := append([]any{&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
 		&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt}, extra...)
 	if err := rows.Scan(dest...); err != nil {
-		return Message{}, badRowError{err}
-	}
-	if err := m.decodeHeaders(headers); err != nil {
-		return Message{}, badRowError{err}
+		if m.ID == "" {
+			return Message{}, badRowError{err}
+		}
+		m.unfit = err.Error()
+	} else {
+		m.decodeHeaders(headers)
 	}
 	m.ClaimedUntil, m.ParkedAt, m.claimToken = claimed.Time, parkedAt.Time, token
 	return m, nil
 }
 
-// decodeHeaders sets m.Headers from the jsonb of its row ('{}': none).
-func (m *Message) decodeHeaders(raw []byte) error {
+// decodeHeaders sets m.Headers from the jsonb of its row ('{}': none), or
+// m.unfit when they are not what Add writes: an object of string values
+// whose names Add accepts.
+func (m *Message) decodeHeaders(raw []byte) {
 	if len(raw) <= 2 {
-		return nil
+		return
 	}
 	if err := json.Unmarshal(raw, &m.Headers); err != nil {
-		return fmt.Errorf("decoding headers of message %s: %w", m.ID, err)
+		m.Headers, m.unfit = nil, fmt.Sprintf("decoding headers of message %s: %v", m.ID, err)
+		return
 	}
-	return nil
+	for k, v := range m.Headers {
+		if fault := headerFault(k, v); fault != "" {
+			m.Headers, m.unfit = nil, fmt.Sprintf("headers of message %s: %s", m.ID, fault)
+			return
+		}
+	}
+}
+
+// unfitReason is the last error of a message parked because its row
+// cannot be relayed as written.
+func unfitReason(m Message) string {
+	return "outbox: parked when claimed: the row cannot be relayed as written (" + m.unfit +
+		"): correct it by SQL and retry it, or discard it"
+}
+
+// parkUnfit parks, under the claim token, the messages of a rows table's
+// claim that cannot be relayed as written, and returns the others. In
+// ordered mode the later messages of a parked one's key are held behind
+// it (markFailed holds them) and given back.
+func (s *Store) parkUnfit(ctx context.Context, db *sql.DB, token string, msgs []Message) ([]Message, error) {
+	return s.parkEach(ctx, msgs, s.Ordering() == OrderedByKey,
+		func(id, reason string) (int, error) {
+			var (
+				attempts int
+				parked   bool
+			)
+			err := db.QueryRowContext(ctx, s.queriesNow().markFailed, id, token, reason, 0, 1).Scan(&attempts, &parked)
+			return attempts, err
+		},
+		func(ids []string) error { return s.fencedClaim(ctx, db, s.q.release, ids, token, map[string]bool{}) })
+}
+
+// parkEach parks with park, one at a time, the messages of a claim that
+// cannot be relayed as written, gives back with giveBack those that wait
+// behind them (ordered), and returns the others. A park that finds no row
+// (the lease ran out already) leaves the message to the next claim.
+func (s *Store) parkEach(ctx context.Context, msgs []Message, ordered bool, park func(id, reason string) (int, error), giveBack func(ids []string) error) ([]Message, error) {
+	kept, unfit, behind := splitUnfit(msgs, ordered)
+	for _, m := range unfit {
+		reason := unfitReason(m)
+		attempts, err := park(m.ID, reason)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("parking message %s, which cannot be relayed as written: %w", m.ID, err)
+		}
+		s.warnParked(ctx, m.ID, attempts, reason)
+	}
+	if len(behind) > 0 {
+		ids := make([]string, len(behind))
+		for i, m := range behind {
+			ids[i] = m.ID
+		}
+		if err := giveBack(ids); err != nil {
+			return nil, fmt.Errorf("giving back %d message(s) held behind a parked one: %w", len(ids), err)
+		}
+	}
+	return kept, nil
+}
+
+// splitUnfit splits msgs, in the order of the claim, into those to
+// return, those that cannot be relayed as written, and, when ordered,
+// those after one of those of its key, which wait behind it.
+func splitUnfit(msgs []Message, ordered bool) (kept, unfit, behind []Message) {
+	var keys map[string]bool
+	for i, m := range msgs {
+		switch {
+		case m.unfit != "":
+			if kept == nil {
+				kept = append(make([]Message, 0, len(msgs)), msgs[:i]...)
+			}
+			unfit = append(unfit, m)
+			if ordered && m.Key != "" {
+				if keys == nil {
+					keys = map[string]bool{}
+				}
+				keys[m.Key] = true
+			}
+		case keys[m.Key]:
+			behind = append(behind, m)
+		case kept != nil:
+			kept = append(kept, m)
+		}
+	}
+	if kept == nil && unfit == nil {
+		return msgs, nil, nil
+	}
+	return kept, unfit, behind
 }
 
 // MarkPublished records that the messages reached the broker. It changes

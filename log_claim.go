@@ -28,7 +28,7 @@ type logStore struct {
 	settleSQL                                          string
 	failedClaimSQL, failedClaimOrdSQL, divertSQL       string
 	failedDueSQL                                       string
-	failSQL, refailSQL                                 string
+	failSQL, refailSQL, parkUnfitSQL                   string
 	releaseBatchSQL, releaseFailedSQL                  string // orphan.go
 
 	mu  sync.Mutex
@@ -160,6 +160,21 @@ keys AS (
 UPDATE {failed} AS o SET claim_token = $2, claimed_until = now() + $3::bigint * interval '1 microsecond'
 WHERE o.id IN (SELECT c.id FROM (SELECT * FROM runs UNION ALL SELECT * FROM free) AS c ORDER BY coalesce(c.ord, 0), c.seq LIMIT $1)
 ` + failedReturning)
+	// Messages $4 (seqs $3) of gen $2 of batch $1, which cannot be
+	// relayed as written (reasons $5): the batch records them as failed,
+	// and their copies in the failed table are parked.
+	ls.parkUnfitSQL = r.Replace(`WITH s AS (
+	INSERT INTO {settle} (batch_id, gen, kind, seqs)
+	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + notTakenOver + `
+	RETURNING 1)
+INSERT INTO {failed} AS f (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
+	attempts, last_error, available_at, parked_at)
+SELECT o.id, o.seq, o.ord, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
+	1, u.reason, now(), now()
+FROM unnest($3::bigint[], $4::uuid[], $5::text[]) AS u(seq, id, reason) JOIN {table} AS o ON o.id = u.id AND o.seq = u.seq
+WHERE EXISTS (SELECT 1 FROM s)
+ON CONFLICT (id) DO UPDATE SET attempts = f.attempts + 1, last_error = excluded.last_error, parked_at = now(),
+	claim_token = NULL, claimed_until = NULL`)
 	ls.divertSQL = r.Replace(`WITH s AS (
 	INSERT INTO {settle} (batch_id, gen, kind, seqs)
 	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + notTakenOver + `
@@ -281,9 +296,12 @@ func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease ti
 			return nil, err
 		}
 		msgs, _, err := scanLogMessages(rows, ref)
-		return msgs, err
+		if err != nil {
+			return nil, err
+		}
+		return ls.parkUnfitFailed(ctx, db, token.String(), msgs)
 	}
-	return inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) {
+	msgs, err = inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) {
 		if err := ls.lockClaims(ctx, tx); err != nil {
 			return nil, err
 		}
@@ -298,6 +316,31 @@ func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease ti
 		slices.SortFunc(msgs, func(a, b Message) int { return cmp.Or(cmp.Compare(a.ord, b.ord), cmp.Compare(a.Seq, b.Seq)) })
 		return msgs, err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return ls.parkUnfitFailed(ctx, db, token.String(), msgs)
+}
+
+// parkUnfitFailed parks, under claim token, the messages taken from the
+// failed table that cannot be relayed as written, and returns the others;
+// in ordered mode the later messages of a parked one's key are given back
+// to wait behind it.
+func (ls *logStore) parkUnfitFailed(ctx context.Context, db *sql.DB, token string, msgs []Message) ([]Message, error) {
+	kept, err := ls.s.parkEach(ctx, msgs, ls.s.Ordering() == OrderedByKey,
+		func(id, reason string) (int, error) {
+			var (
+				attempts int
+				parked   bool
+			)
+			err := db.QueryRowContext(ctx, ls.refailSQL, id, token, reason, 0, 1).Scan(&attempts, &parked)
+			return attempts, err
+		},
+		func(ids []string) error { _, err := ls.settleFailed(ctx, db, 'r', ids, token); return err })
+	if len(kept) < len(msgs) {
+		ls.failedSoon()
+	}
+	return kept, err
 }
 
 // lockClaims takes the table's claim lock for the rest of tx: claims,
@@ -430,10 +473,12 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 		)
 		if err := rows.Scan(&batch, &m.ClaimedUntil, &m.ID, &m.Seq, &tx, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
 			&m.ContentType, &headers, &m.CreatedAt, &ord, &b, &ordered); err != nil {
-			return nil, badRowError{err}
-		}
-		if err := m.decodeHeaders(headers); err != nil {
-			return nil, badRowError{err}
+			if m.ID == "" {
+				return nil, badRowError{err}
+			}
+			m.unfit = err.Error() // parked below, with its batch
+		} else {
+			m.decodeHeaders(headers)
 		}
 		if ref == "" {
 			ref = batchRef{batch: batch}.String()
@@ -455,7 +500,47 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 	}
 	// What it could not set aside is set aside by whoever takes the
 	// batch over after its lease: nothing of it is published meanwhile.
-	return ls.divert(ctx, db, batchRef{batch: batch}, msgs, blocked)
+	return ls.setAside(ctx, db, batchRef{batch: batch}, msgs, blocked, ordered)
+}
+
+// setAside parks the messages of batch ref that cannot be relayed as
+// written (parkUnfitSQL: its batch records them as failed, fenced like a
+// mark by its gen) and sets aside those whose key is blocked (divert), on
+// an ordered table with them the later messages of a parked one's key;
+// it returns the others.
+func (ls *logStore) setAside(ctx context.Context, q execer, ref batchRef, msgs []Message, blocked []int, ordered bool) ([]Message, error) {
+	ordered = ordered || ls.s.Ordering() == OrderedByKey
+	if slices.IndexFunc(msgs, func(m Message) bool { return m.unfit != "" }) >= 0 {
+		var (
+			kept        []Message
+			keep        []int
+			seqs        []int64
+			ids, reason []string
+			keys        = map[string]bool{}
+		)
+		for i, m := range msgs {
+			switch {
+			case m.unfit != "":
+				seqs, ids, reason = append(seqs, m.Seq), append(ids, m.ID), append(reason, unfitReason(m))
+				if ordered && m.Key != "" {
+					keys[m.Key] = true
+				}
+				continue
+			case slices.Contains(blocked, i) || keys[m.Key]:
+				keep = append(keep, len(kept))
+			}
+			kept = append(kept, m)
+		}
+		if _, err := q.ExecContext(ctx, ls.parkUnfitSQL, ref.batch, ref.gen, seqs, ids, reason); err != nil {
+			return nil, fmt.Errorf("parking %d message(s) that cannot be relayed as written: %w", len(ids), err)
+		}
+		for i, id := range ids {
+			ls.s.warnParked(ctx, id, 1, reason[i])
+		}
+		ls.failedSoon()
+		msgs, blocked = kept, keep
+	}
+	return ls.divert(ctx, q, ref, msgs, blocked)
 }
 
 // insertBatch records the batch of msgs and sets their lease.

@@ -71,7 +71,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token string, n in
 	if msgs, err = ls.insertBatch(ctx, tx, b, token, lease, msgs); err != nil {
 		return nil, err
 	}
-	return ls.divert(ctx, tx, ref, msgs, blocked)
+	return ls.setAside(ctx, tx, ref, msgs, blocked, false)
 }
 
 // unfinished reads the latest gen of each batch from the store's

@@ -54,6 +54,11 @@ type Message struct {
 	// ord is its place in its key's order on an ordered table of the log
 	// layout (0 elsewhere): kept with it if it fails.
 	ord int64
+
+	// unfit says why the row cannot be relayed as written (headers that
+	// do not decode, a header Add refuses), as a claim found it: the claim
+	// parks it instead of returning it (see Store.Claim).
+	unfit string
 }
 
 // sortBySeq orders messages as they were written, by the database's order.

@@ -149,27 +149,3 @@ func TestLogFailedClaimCutOffAfterCommitGivesItBack(t *testing.T) {
 	require.Equal(t, failed.ID, msgs[0].ID)
 	require.Equal(t, 1, msgs[0].Attempts, "giving back counts no attempt")
 }
-
-// A claim that fails on a row it cannot read (headers written by hand that
-// do not decode) keeps its claim: given back, the next claim would take
-// the same row first and fail again, and nothing behind it would move.
-// The claims after it take the others.
-func TestClaimOfABadRowIsNotGivenBack(t *testing.T) {
-	for _, layout := range []string{"rows", "log"} {
-		t.Run(layout, func(t *testing.T) {
-			ctx := context.Background()
-			b := setupLayout(t, layout)
-			_, err := b.db.ExecContext(ctx, `INSERT INTO "`+b.table+`" (id, event_type, payload, headers) VALUES (gen_random_uuid(), 'bad', '\x7b7d', '{"n": 1}')`)
-			require.NoError(t, err)
-			b.addCommitted(t, events(3)...)
-			_, err = b.store.Claim(ctx, 1, time.Hour)
-			require.ErrorContains(t, err, "decoding headers", "the bad row, first")
-			msgs, err := b.store.Claim(ctx, 10, time.Hour)
-			require.NoError(t, err, "the next claim takes the others")
-			require.Len(t, msgs, 3)
-			for _, m := range msgs {
-				require.Equal(t, "thing.happened", m.EventType)
-			}
-		})
-	}
-}
