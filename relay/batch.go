@@ -270,7 +270,9 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, broker, reason))
 	settleErr = cmp.Or(settleErr, r.release(settleCtx, until, notSent, ReleasedOrder))
 	r.obs.Settled(ctx, time.Since(settleStart), settleErr)
+	// Published: what the broker confirmed, marked as the confirms came
+	// (markEarly) or here.
 	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
-		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)))
+		slog.Int("num_published", len(confirmedMsgs)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)))
 	return res, nil
 }

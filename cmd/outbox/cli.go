@@ -10,10 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/redact"
 )
 
 const usage = `outbox: the relay and operator tool of github.com/acemq/outbox
@@ -77,7 +79,16 @@ var commands = map[string]command{
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) int {
 	sec := &secrets{}
 	sec.addDSN(getenv("DATABASE_URL"))
+	sec.addDSN(getenv("AMQP_URL")) // whole: a password may hold the ',' that separates nodes
 	sec.addDSN(strings.Split(getenv("AMQP_URL"), ",")...)
+	for _, a := range args { // a connection string given where it does not go is a secret too
+		if _, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(a, "-") {
+			a = v
+		}
+		if looksLikeDSN(a) {
+			sec.addDSN(a)
+		}
+	}
 	x := &cli{stdout: sec.writer(stdout), stderr: sec.writer(stderr), getenv: getenv, secrets: sec}
 
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
@@ -139,10 +150,36 @@ func newCommon(name string, x *cli, table string) *common {
 	// defaults in its usage text, and DATABASE_URL holds a password.
 	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string (default $DATABASE_URL)")
 	if table != "" {
-		c.fs.StringVar(&c.table, "table", table, "table, optionally schema-qualified")
+		c.fs.Var(&onceFlag{p: &c.table}, "table", "the `table`, optionally schema-qualified")
 	}
 	return c
 }
+
+// onceFlag is a string flag that may be given once: a second --table
+// would otherwise silently replace the first (a command, a relay included,
+// works on one table).
+type onceFlag struct {
+	p   *string
+	set bool
+}
+
+func (f *onceFlag) String() string {
+	if f == nil || f.p == nil {
+		return ""
+	}
+	return *f.p
+}
+
+func (f *onceFlag) Set(v string) error {
+	if f.set {
+		return errors.New("given twice: give it once (a command works on one table)")
+	}
+	*f.p, f.set = v, true
+	return nil
+}
+
+// Get makes the flag one whose emptiness parse checks.
+func (f *onceFlag) Get() any { return *f.p }
 
 // parse parses flags wherever they stand among the positional arguments,
 // refuses empty string flags and positional arguments the command does not
@@ -183,6 +220,14 @@ func (c *common) parse(args []string) error {
 	})
 	if len(empty) > 0 {
 		return c.usageError("%s is empty; give a value or leave the flag out", strings.Join(empty, ", "))
+	}
+	for i, a := range c.args {
+		if looksLikeDSN(a) {
+			return c.usageError("argument %d looks like a connection string (not shown: it may hold a password); give the database with --database-url or DATABASE_URL", i+1)
+		}
+	}
+	if looksLikeDSN(c.table) {
+		return c.usageError("--table looks like a connection string (not shown: it may hold a password); --table takes a table name, the database goes in --database-url or DATABASE_URL")
 	}
 	if c.positional == "" && len(c.args) > 0 {
 		return c.usageError("unexpected argument %q: this command takes only flags (--name value)", c.args[0])
@@ -239,10 +284,13 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 	if c.databaseURL == "" {
 		return nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app)")
 	}
-	if _, err := pgconn.ParseConfig(c.databaseURL); err != nil {
-		// pgx's own message may quote the string; the output filter
-		// removes the password, this says what is wrong.
-		return nil, fmt.Errorf("the database URL %s is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), c.secrets.scrub(parseReason(err)))
+	// pgx's own message quotes the string, or the start of a password
+	// cut at a '/', '#' or '?': say only what kind of problem it is. pgx's
+	// config, not pgconn's: the driver's settings (default_query_exec_mode)
+	// are checked when it connects, where a mistake would read as an
+	// unreachable server.
+	if _, err := pgx.ParseConfig(c.databaseURL); err != nil {
+		return nil, fmt.Errorf("the database URL (%s) is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), redact.Reason(err))
 	}
 	db, err := sql.Open("pgx", c.databaseURL)
 	if err != nil {
@@ -255,19 +303,6 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s\nCheck that the server runs and DATABASE_URL is right", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
 	}
 	return db, nil
-}
-
-// parseReason is pgx's reason for refusing a connection string without the
-// string itself, which pgx quotes with only part of a password redacted.
-func parseReason(err error) string {
-	msg := err.Error()
-	if i := strings.Index(msg, "cannot parse `"); i >= 0 {
-		if j := strings.LastIndex(msg, "`: "); j > i {
-			return msg[:i] + msg[j+3:]
-		}
-		return "it cannot be parsed"
-	}
-	return msg
 }
 
 // explain turns a missing table or column into advice.

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox/internal/amqpdial"
+	"github.com/acemq/outbox/internal/redact"
 	"github.com/acemq/outbox/relay"
 	"github.com/acemq/outbox/topology"
 )
@@ -102,9 +103,12 @@ func (c *common) amqpDialer(flagValue, name string) (*amqpdial.Dialer, []string,
 	if len(urls) == 0 {
 		urls = []string{relay.AMQPURLDefault}
 	}
-	for _, u := range urls {
+	for i, u := range urls {
 		if _, err := amqp.ParseURI(u); err != nil {
-			return nil, nil, fmt.Errorf("the AMQP URL %s is not valid: %s", redactDSN(u), c.secrets.scrub(err.Error()))
+			// amqp091-go's message quotes the URL, or the start of a
+			// password cut at a '/', '#' or '?' (or split at a ','):
+			// only the kind of problem is said.
+			return nil, nil, fmt.Errorf("AMQP URL #%d of %d is %s: %s", i+1, len(urls), redact.Malformed(u), redact.Reason(err))
 		}
 	}
 	d, err := amqpdial.New("outbox "+c.name, "--amqp-url", amqpdial.Config{URLs: urls, Name: name})

@@ -30,10 +30,23 @@ func TestNoSecretIsEverPrinted(t *testing.T) {
 		"kv semicolon":        "host=127.0.0.1 port=1 password=ab;" + pw + " dbname=test connect_timeout=1",
 		"kv open quote":       "host=127.0.0.1 port=1 password='ab " + pw + " dbname=test",
 		"wrong password":      strings.Replace(dbtest.URL(), "postgres://postgres", "postgres://postgres:"+pw, 1),
+		// Issue 47, item 7: the parser quotes the password up to a '/',
+		// '#' or '?' ("invalid port \":Sup3r…\" after host"), which the
+		// filter of the whole password does not catch; a parameter's name
+		// may be percent-encoded, pgx decodes it.
+		"url slash":         "postgres://postgres:" + pw + "/tail@127.0.0.1:1/test",
+		"url hash":          "postgres://postgres:" + pw + "#tail@127.0.0.1:1/test",
+		"url question":      "postgres://postgres:" + pw + "?tail@127.0.0.1:1/test",
+		"url encoded param": "postgres://postgres@127.0.0.1:1/test?connect_timeout=1&pass%77ord=" + pw,
+		"url bad setting":   "postgres://postgres:" + pw + "@127.0.0.1:1/test?default_query_exec_mode=bogus",
 	}
 	amqpURLs := map[string]string{
 		"amqp userinfo":  "amqp://guest:" + pw + "@127.0.0.1:5672/",
 		"amqp malformed": "amqp://guest:" + pw + "@127.0.0.1:port/",
+		"amqp slash":     "amqp://guest:" + pw + "/tail@127.0.0.1:5672/",
+		"amqp hash":      "amqp://guest:" + pw + "#tail@127.0.0.1:5672/",
+		"amqp question":  "amqp://guest:" + pw + "?tail@127.0.0.1:5672/",
+		"amqp comma":     "amqp://guest:" + pw + ",tail@127.0.0.1:5672/", // the CLI splits a list of nodes at ','
 	}
 	commands := [][]string{
 		{"relay"}, {"status"}, {"parked"}, {"retry", "--all-parked"}, {"purge", "--older-than", "1h"},
@@ -70,6 +83,21 @@ func TestNoSecretIsEverPrinted(t *testing.T) {
 			check(map[string]string{"DATABASE_URL": dbtest.URL()}, name, "--amqp-url", a, "--bad-flag")
 		}
 	}
+	// A connection string where a table name or an id goes is not echoed.
+	for _, args := range [][]string{
+		{"status", "postgres://postgres:" + pw + "@127.0.0.1:1/test"},
+		{"retry", "host=127.0.0.1 password=" + pw},
+		{"status", "--table", "postgres://postgres:" + pw + "@127.0.0.1:1/test"},
+		{"relay", "--table", "postgres://postgres:" + pw + "/tail@127.0.0.1:1/test"},
+		{"purge", "--older-than", "1h", "--table=host=h password=" + pw},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), args, &stdout, &stderr, func(string) string { return "" })
+		require.Equal(t, 2, code, "outbox %v", args)
+		require.Contains(t, stderr.String(), "looks like a connection string")
+		require.NotContains(t, stdout.String()+stderr.String(), pw)
+		require.NotContains(t, stdout.String()+stderr.String(), "127.0.0.1", "not echoed at all")
+	}
 	for what, a := range amqpURLs {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		for _, args := range [][]string{{"bench", "--messages", "1"}, {"verify", "--duration", "1s"}} {
@@ -82,8 +110,13 @@ func TestNoSecretIsEverPrinted(t *testing.T) {
 			})
 			require.NotZero(t, code, "outbox %v with a refused or malformed AMQP URL", args)
 			require.NotContains(t, stdout.String()+stderr.String(), pw)
-			require.Contains(t, stderr.String(), "xxxxx", "outbox %v: the URL is shown, redacted:\n%s", args, stderr.String())
-			if what == "amqp malformed" {
+			if what == "amqp userinfo" {
+				require.Contains(t, stderr.String(), "xxxxx", "outbox %v: the URL is shown, redacted:\n%s", args, stderr.String())
+			} else {
+				require.Contains(t, stderr.String(), "malformed amqp:// URL", "outbox %v: the URL is named, not shown:\n%s", args, stderr.String())
+				require.NotContains(t, stderr.String(), "tail")
+			}
+			if what != "amqp userinfo" {
 				require.NotContains(t, stderr.String(), "scratch table", "outbox %v refuses a malformed URL before it creates anything", args)
 			}
 		}
@@ -101,11 +134,12 @@ func TestRedactDSN(t *testing.T) {
 		"host=h password = 'p 4' dbname=d":              "host=h password = xxxxx dbname=d",
 		// Issue 18, item 6: the value runs to the next whitespace whatever
 		// it holds, and an open quote to the end.
-		"host=h password=ab;S3cr3tTail dbname=d":         "host=h password=xxxxx dbname=d",
-		"host=h password='ab cd S3cr3tTail dbname=d":     "host=h password=xxxxx",
-		"postgres://u@h/db?password=a;b&sslmode=disable": "postgres://u@h/db?password=xxxxx&sslmode=disable",
-		"postgres://u:p5@h:bad/db":                       "(the configured URL, which is malformed)",
-		"amqp://guest:p6@localhost:5672/":                "amqp://guest:xxxxx@localhost:5672/",
+		"host=h password=ab;S3cr3tTail dbname=d":          "host=h password=xxxxx dbname=d",
+		"host=h password='ab cd S3cr3tTail dbname=d":      "host=h password=xxxxx",
+		"postgres://u@h/db?password=a;b&sslmode=disable":  "postgres://u@h/db?password=xxxxx&sslmode=disable",
+		"postgres://u:p5@h:bad/db":                        "a malformed postgres:// URL",
+		"postgres://u@h/db?pass%77ord=p7&sslmode=require": "postgres://u@h/db?pass%77ord=xxxxx&sslmode=require",
+		"amqp://guest:p6@localhost:5672/":                 "amqp://guest:xxxxx@localhost:5672/",
 	} {
 		require.Equal(t, want, redactDSN(in), in)
 	}
@@ -195,6 +229,12 @@ func TestUsageIsClear(t *testing.T) {
 	code, _, errOut = outboxCmd(t, map[string]string{"DATABASE_URL": "postgres://u@h:notaport/db"}, "status")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "is not a valid PostgreSQL URL")
+	require.NotContains(t, errOut, "cannot reach")
+	// Issue 47, item 12: a setting of the driver's that does not parse is
+	// a mistake in the configuration, not an unreachable server.
+	code, _, errOut = outboxCmd(t, map[string]string{"DATABASE_URL": dbtest.URL() + "&default_query_exec_mode=bogus"}, "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "is not a valid PostgreSQL URL or keyword/value string: an invalid value of default_query_exec_mode")
 	require.NotContains(t, errOut, "cannot reach")
 
 	// A table with other columns gets advice, not just "column does not exist".

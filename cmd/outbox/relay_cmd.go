@@ -96,7 +96,9 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	if *debug {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+	// Every line names the table: the logs of relays of several tables
+	// must be told apart.
+	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level})).With(slog.String("table", c.table))
 	// What the defaults above (or the environment) chose, for whoever
 	// wonders what the relay holds itself to.
 	logger.Info("relay: Runtime", slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int64("memory_limit", rtdebug.SetMemoryLimit(-1)))
@@ -150,8 +152,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 			return c.explain(err)
 		}
 		if !ok {
-			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`",
-				slog.String("table", c.table))
+			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`")
 		}
 		lurl := cmp.Or(*listenURL, c.databaseURL)
 		c.secrets.addDSN(lurl)
@@ -159,8 +160,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 			return err
 		}
 		if ok && !probeListen(ctx, db, c.table, cfg.Wakeup) {
-			logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile",
-				slog.String("table", c.table))
+			logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile")
 		}
 	}
 	var running atomic.Pointer[relay.Relay] // read by the metrics server's goroutines

@@ -1,6 +1,19 @@
 package main
 
-import "testing"
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+)
 
 // The relay's memory limit holds what its batches may hold at once: the
 // batches being published and the one being claimed (twice). Below that,
@@ -19,5 +32,68 @@ func TestRelayMemoryLimitHoldsTheBatchesInFlight(t *testing.T) {
 	}
 	if relayMemoryLimit(64*mib, 8) <= relayMemoryLimit(64*mib, 4) {
 		t.Error("the limit does not grow with --max-in-flight")
+	}
+}
+
+// Issue 38, item 5: every line the relay logs names its table, so that the
+// logs of two relays can be told apart; issue 47, item 12: "Batch done"
+// counts what the batch published (the messages the settler marked as
+// their confirms came included), not 0.
+func TestRelayLogLinesNameTheTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
+	_, queue, deliveries := amqptest.ManualQueue(t, "cli-logs")
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: queue}, outbox.Event{Type: queue}, outbox.Event{Type: queue}))
+	require.NoError(t, tx.Commit())
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stdout, stderr dbtest.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(rctx, []string{"relay", "--table", table, "--debug"}, &stdout, &stderr, func(k string) string {
+			return map[string]string{"DATABASE_URL": dbtest.URL(), "AMQP_URL": amqptest.URL()}[k]
+		})
+	}()
+	for range 3 {
+		select {
+		case d := <-deliveries:
+			require.NoError(t, d.Ack(false))
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the relay published nothing:\n%s", stderr.String())
+		}
+	}
+	published := regexp.MustCompile(`msg="relay: Batch done".* num_published=(\d+)`)
+	sum := func() (n int) {
+		for _, m := range published.FindAllStringSubmatch(stderr.String(), -1) {
+			k, _ := strconv.Atoi(m[1])
+			n += k
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return sum() >= 3 }, 30*time.Second, 10*time.Millisecond, "Batch done counts the published messages:\n%s", stderr.String())
+	cancel()
+	require.Equal(t, 0, <-done, stderr.String())
+	require.Equal(t, 3, sum())
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	require.Greater(t, len(lines), 3)
+	for _, l := range lines {
+		require.Contains(t, l, " table="+table, "every log line names the table")
+	}
+
+	code, _, errOut := outboxCmd(t, nil, "relay", "--table", table, "--table", "other")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "given twice")
+	for _, cmd := range [][]string{{"status"}, {"purge", "--older-than", "1h"}, {"inbox", "dead", "--consumer", "c"}} {
+		code, _, errOut = outboxCmd(t, nil, append(cmd, "--table", "a", "--table", "b")...)
+		require.Equal(t, 2, code, "outbox %v", cmd)
+		require.Contains(t, errOut, "given twice")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+
+	"github.com/acemq/outbox/internal/redact"
 )
 
 // redacted replaces a secret wherever it would be printed.
@@ -22,10 +24,6 @@ const secretMin = 3
 // whatever it holds (libpq's own rule: "ab;cd" is one value), and a quote
 // left open runs to the end of the string.
 var kvPassword = regexp.MustCompile(`(?i)((?:^|\s)(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|'.*$|\S*)`)
-
-// queryPassword finds the password of a URL's query (?password=...): the
-// value runs to the next & or the end.
-var queryPassword = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&]*)`)
 
 // dsnSecrets returns the passwords a PostgreSQL or AMQP connection string
 // holds, in every form pgx and amqp091-go accept: URL userinfo, a password
@@ -44,12 +42,11 @@ func dsnSecrets(s string) []string {
 			}
 		}
 	}
-	matches := kvPassword.FindAllStringSubmatch(s, -1)
-	if strings.Contains(s, "://") {
-		matches = append(matches, queryPassword.FindAllStringSubmatch(s, -1)...)
+	values := queryPasswords(s)
+	for _, m := range kvPassword.FindAllStringSubmatch(s, -1) {
+		values = append(values, m[2])
 	}
-	for _, m := range matches {
-		v := m[2]
+	for _, v := range values {
 		out = append(out, v)
 		if uq, err := url.QueryUnescape(v); err == nil {
 			out = append(out, uq)
@@ -61,18 +58,73 @@ func dsnSecrets(s string) []string {
 	return out
 }
 
+// queryPasswords returns the raw values of the password parameters of a
+// URL's query, whatever the URL's other parts hold (it may not parse):
+// pgx decodes the parameters' names, so ?pass%77ord=… is a password.
+func queryPasswords(s string) []string {
+	i := strings.Index(s, "://")
+	if i < 0 {
+		return nil
+	}
+	q := strings.IndexByte(s[i:], '?')
+	if q < 0 {
+		return nil
+	}
+	var out []string
+	for _, kv := range strings.Split(s[i+q+1:], "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if passwordParam(k) {
+			out = append(out, v) // "ab#cd": the password meant, and what pgx takes
+			if before, _, ok := strings.Cut(v, "#"); ok {
+				out = append(out, before)
+			}
+		}
+	}
+	return out
+}
+
+// passwordParam reports whether a URL query parameter's raw name is
+// password or sslpassword, once decoded.
+func passwordParam(raw string) bool {
+	k, err := url.QueryUnescape(raw)
+	if err != nil {
+		k = raw
+	}
+	return strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword")
+}
+
 // redactDSN returns a connection string fit to print: the password of
-// every form replaced, or a placeholder when it cannot be parsed.
+// every form replaced, or a placeholder naming only its scheme when it
+// cannot be parsed (the parts of a malformed URL cannot be told apart: a
+// password holding a '/' looks like a host and a path).
 func redactDSN(s string) string {
 	if strings.Contains(s, "://") {
 		u, err := url.Parse(s)
 		if err != nil {
-			return "(the configured URL, which is malformed)"
+			return redact.Malformed(s)
 		}
-		return queryPassword.ReplaceAllString(u.Redacted(), "${1}"+redacted)
+		if u.RawQuery != "" {
+			kvs := strings.Split(u.RawQuery, "&")
+			for i, kv := range kvs {
+				if k, _, _ := strings.Cut(kv, "="); passwordParam(k) {
+					kvs[i] = k + "=" + redacted
+				}
+			}
+			u.RawQuery = strings.Join(kvs, "&")
+		}
+		return u.Redacted()
 	}
 	return kvPassword.ReplaceAllString(s, "${1}"+redacted)
 }
+
+// looksLikeDSN reports whether s, given where a table name or a message
+// id goes, is a connection string, which must not be echoed.
+func looksLikeDSN(s string) bool {
+	return strings.Contains(s, "://") || kvPassword.MatchString(s) || kvKeyword.MatchString(s)
+}
+
+// kvKeyword finds a keyword of a keyword/value connection string.
+var kvKeyword = regexp.MustCompile(`(?i)(?:^|\s)(?:host|hostaddr|port|user|dbname|sslmode)\s*=`)
 
 // secrets collects the secrets of a CLI run and filters them out of its
 // output, whatever prints it: the CLI, slog, or a driver's error passed on.

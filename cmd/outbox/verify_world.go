@@ -20,6 +20,7 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/inbox"
+	"github.com/acemq/outbox/internal/redact"
 	"github.com/acemq/outbox/internal/tcpproxy"
 	"github.com/acemq/outbox/topology"
 )
@@ -42,8 +43,8 @@ func (v *verifier) declare(ctx context.Context, conn *amqp.Connection) error {
 // proxies starts the TCP proxies and returns the relays' URLs through them.
 func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
 	pc, err := pgconn.ParseConfig(v.dbURL)
-	if err != nil {
-		return "", "", err
+	if err != nil { // checked by openDB already; never quoted
+		return "", "", errors.New("the database URL: " + redact.Reason(err))
 	}
 	if strings.HasPrefix(pc.Host, "/") {
 		return "", "", errors.New("the database URL names a Unix socket: verify's proxy needs a TCP host (host=…)")
@@ -55,7 +56,7 @@ func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
 	if strings.Contains(v.dbURL, "://") {
 		u, err := url.Parse(v.dbURL)
 		if err != nil {
-			return "", "", err
+			return "", "", errors.New("the database URL: " + redact.Reason(err))
 		}
 		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		dbURL = u.String()
@@ -64,7 +65,7 @@ func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
 	}
 	uri, err := amqp.ParseURI(v.amqpURL)
 	if err != nil {
-		return "", "", err
+		return "", "", errors.New("the AMQP URL: " + redact.Reason(err))
 	}
 	if v.amqpProxy, err = tcpproxy.New(net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))); err != nil {
 		return "", "", err

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox/internal/redact"
 )
 
 // TimeoutDefault bounds one connection attempt to one node.
@@ -57,8 +59,10 @@ func New(prefix, field string, cfg Config) (*Dialer, error) {
 	for i, u := range cfg.URLs {
 		uri, err := amqp.ParseURI(u)
 		if err != nil {
-			// The parse error can quote the URL; report only its position.
-			return nil, fmt.Errorf("%s: %s #%d is not a valid amqp:// or amqps:// URL (%s)", prefix, field, i+1, RedactedURIError(err, u))
+			// The parse error can quote the URL, or the start of a
+			// password cut at a '/', '#' or '?': report its position and
+			// the kind of problem only.
+			return nil, fmt.Errorf("%s: %s #%d is not a valid amqp:// or amqps:// URL (%s)", prefix, field, i+1, redact.Reason(err))
 		}
 		d.display = append(d.display, Display(uri))
 		if uri.Password != "" {
@@ -170,18 +174,4 @@ func (d *Dialer) dial(ctx context.Context, i int, gather bool) (*amqp.Connection
 // Display names a broker node without its credentials.
 func Display(u amqp.URI) string {
 	return fmt.Sprintf("%s://%s:%d/%s", u.Scheme, u.Host, u.Port, strings.TrimPrefix(u.Vhost, "/"))
-}
-
-// RedactedURIError keeps amqp091's explanation unless it quotes the URL,
-// which may hold a password.
-func RedactedURIError(err error, raw string) string {
-	msg := err.Error()
-	secret := raw
-	if i, j := strings.Index(raw, "://"), strings.LastIndex(raw, "@"); i >= 0 && j > i {
-		secret = raw[i+3 : j]
-	}
-	if strings.Contains(msg, raw) || strings.Contains(msg, secret) {
-		return "malformed URL"
-	}
-	return msg
 }
