@@ -272,5 +272,8 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	r.obs.Settled(ctx, time.Since(settleStart), settleErr)
 	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
 		slog.Int("num_published", len(published)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)))
+	if fatal(settleErr) { // a closed *sql.DB: stop the relay
+		return res, settleErr
+	}
 	return res, nil
 }

@@ -158,8 +158,11 @@
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as
 // permanent and reported by Relay.Health. Run returns an error only for
-// what cannot change while it runs: a closed publisher, a store without a
-// pool, a table that cannot keep the order it is asked to keep.
+// misuse, which cannot change while it runs: a closed publisher, a store
+// without a pool or whose *sql.DB was closed, a table that is not an outbox
+// table of this version (outbox.ErrInvalidTable, from whichever of the
+// store's methods says so), a table that cannot keep the order it is asked
+// to keep.
 //
 // The AMQP side is AMQPPublisher (github.com/rabbitmq/amqp091-go); any
 // other broker plugs in through the Publisher interface.
