@@ -166,6 +166,8 @@ func (r *Relay) publishBatch(ctx, drain context.Context, b *batch, report func([
 	}
 	pubCtx, cancelPub := context.WithDeadline(drain, b.publishBy)
 	defer cancelPub()
+	// A dial in progress when the shutdown begins ends then, not with drain.
+	pubCtx = withShutdown(pubCtx, ctx)
 	if !r.concurrent { // a Publisher that did not say it may be called concurrently
 		r.pubMu.Lock()
 		defer r.pubMu.Unlock()

@@ -40,7 +40,10 @@
 //
 // Run blocks until its context ends, then stops claiming, waits up to
 // Config.ShutdownTimeout for the confirms of the batches in flight, marks
-// what was confirmed and releases the rest. Several relays, in one process
+// what was confirmed and releases the rest. A publish that is still
+// connecting to the broker (or opening its channel) then has sent nothing
+// to wait for: AMQPPublisher gives that up at once, and its batch is
+// released. Several relays, in one process
 // or many, can share a table: claims never overlap while leases hold. The
 // relay uses its store's own connection pool and holds no transaction open
 // while it publishes.
