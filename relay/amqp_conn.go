@@ -11,7 +11,37 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// shutdownKey carries, in a publish's context, the relay's own context,
+// whose end begins the shutdown (see withShutdown).
+type shutdownKey struct{}
+
+// withShutdown tells a publish on ctx when the relay begins to shut down
+// (run ends). The publish itself goes on until ctx ends, ShutdownTimeout
+// later, for the confirms of what it sent; but what it has not sent yet
+// waits for no confirm, so a connection or channel it is still opening
+// then is given up at once (see connectContext): a shutdown does not wait
+// out a dial to a broker that does not answer.
+func withShutdown(ctx, run context.Context) context.Context {
+	return context.WithValue(ctx, shutdownKey{}, run)
+}
+
+// connectContext is the context a lane connects and opens its channel on:
+// ctx, ended too when the relay begins to shut down (see withShutdown).
+func connectContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	run, ok := ctx.Value(shutdownKey{}).(context.Context)
+	if !ok {
+		return ctx, func() {}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(run, cancel)
+	return cctx, func() { stop(); cancel() }
+}
+
+// ensureChannel connects and opens the lane's confirm-mode channel when
+// they are missing, on connectContext(ctx).
 func (p *amqpLane) ensureChannel(ctx context.Context) error {
+	ctx, done := connectContext(ctx)
+	defer done()
 	if p.conn == nil || p.conn.IsClosed() {
 		p.discard(true)
 		if err := p.dial(ctx); err != nil {

@@ -109,5 +109,3 @@ func Publishing(m *outbox.Message) amqp.Publishing {
 		Body:         m.Payload,
 	}
 }
-
-// ensureChannel connects and opens the confirm-mode channel if needed.

@@ -166,6 +166,8 @@ func (r *Relay) publishBatch(ctx, drain context.Context, b *batch, report func([
 	}
 	pubCtx, cancelPub := context.WithDeadline(drain, b.publishBy)
 	defer cancelPub()
+	// A dial in progress when the shutdown begins ends then, not with drain.
+	pubCtx = withShutdown(pubCtx, ctx)
 	if !r.concurrent { // a Publisher that did not say it may be called concurrently
 		r.pubMu.Lock()
 		defer r.pubMu.Unlock()
@@ -274,5 +276,8 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	// (markEarly) or here.
 	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
 		slog.Int("num_published", len(confirmedMsgs)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)))
+	if fatal(settleErr) { // a closed *sql.DB: stop the relay
+		return res, settleErr
+	}
 	return res, nil
 }

@@ -40,7 +40,10 @@
 //
 // Run blocks until its context ends, then stops claiming, waits up to
 // Config.ShutdownTimeout for the confirms of the batches in flight, marks
-// what was confirmed and releases the rest. Several relays, in one process
+// what was confirmed and releases the rest. A publish that is still
+// connecting to the broker (or opening its channel) then has sent nothing
+// to wait for: AMQPPublisher gives that up at once, and its batch is
+// released. Several relays, in one process
 // or many, can share a table: claims never overlap while leases hold. The
 // relay uses its store's own connection pool and holds no transaction open
 // while it publishes.
@@ -158,8 +161,11 @@
 // Errors that waiting cannot fix (wrong credentials, a missing table) are
 // retried too, in case someone fixes them, but logged at error level as
 // permanent and reported by Relay.Health. Run returns an error only for
-// what cannot change while it runs: a closed publisher, a store without a
-// pool, a table that cannot keep the order it is asked to keep.
+// misuse, which cannot change while it runs: a closed publisher, a store
+// without a pool or whose *sql.DB was closed, a table that is not an outbox
+// table of this version (outbox.ErrInvalidTable, from whichever of the
+// store's methods says so), a table that cannot keep the order it is asked
+// to keep.
 //
 // The AMQP side is AMQPPublisher (github.com/rabbitmq/amqp091-go); any
 // other broker plugs in through the Publisher interface.

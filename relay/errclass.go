@@ -1,7 +1,11 @@
 package relay
 
 import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -10,10 +14,39 @@ import (
 )
 
 // fatal reports whether err ends Run: nothing that happens while it runs
-// can repair it.
+// can repair it (misuse: a closed publisher or *sql.DB, a store without a
+// pool, a table that is not an outbox table of this version).
 func fatal(err error) bool {
-	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool) || errors.Is(err, outbox.ErrInvalidTable)
+	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool) ||
+		errors.Is(err, outbox.ErrInvalidTable) || errors.Is(err, errDBClosed)
 }
+
+// explain is the error Run returns for a fatal err: err itself, said more
+// plainly where database/sql's own words would leave a reader guessing.
+func explain(err error) error {
+	if errors.Is(err, errDBClosed) {
+		return fmt.Errorf("relay: the store's *sql.DB was closed while the relay used it (close it only after Run returned): %w", err)
+	}
+	return err
+}
+
+// errDBClosed is database/sql's error for a closed *sql.DB ("sql: database
+// is closed"), which it does not export: provoked once here, from a pool
+// without a driver that is closed before its first use. database/sql
+// returns that one value, and the store wraps it, so errors.Is finds it.
+var errDBClosed = func() error {
+	db := sql.OpenDB(noConnector{})
+	_ = db.Close()
+	return db.PingContext(context.Background())
+}()
+
+// noConnector is a driver.Connector that never connects.
+type noConnector struct{}
+
+func (noConnector) Connect(context.Context) (driver.Conn, error) {
+	return nil, errors.New("relay: no connection")
+}
+func (noConnector) Driver() driver.Driver { return nil }
 
 // Advice returns what a person has to do when err will not go away by
 // waiting (a password, a permission, a missing database, vhost or table),

@@ -277,17 +277,22 @@ func TestTableOfUnknownLayoutStopsRun(t *testing.T) {
 	require.ErrorContains(t, err, "is neither an outbox table of the rows layout")
 	require.NoError(t, ctx.Err(), "Run returned on its own")
 
-	future := dbtest.Table(t)
-	store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: future, Logger: dbtest.Logger(t)})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
-	_, err = db.ExecContext(ctx, `UPDATE "`+future+`_log" SET version = 99`)
-	require.NoError(t, err)
-	store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: future, Logger: dbtest.Logger(t)})
-	require.NoError(t, err)
-	r, err = relay.New(store, publish, &relay.Config{Logger: dbtest.Logger(t)})
-	require.NoError(t, err)
-	err = r.Run(ctx)
-	require.ErrorIs(t, err, outbox.ErrInvalidTable)
-	require.ErrorContains(t, err, "log layout of version 99")
+	// A log table of a version before or after this library's (issue 47,
+	// item 10: 0, 1 and 3 too).
+	for version, says := range map[int]string{0: "version 0", 1: "version 1, before", 3: "version 3, which", 99: "version 99, which"} {
+		table := dbtest.Table(t)
+		store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
+		require.NoError(t, err)
+		require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
+		_, err = db.ExecContext(ctx, `UPDATE "`+table+`_log" SET version = $1`, version)
+		require.NoError(t, err)
+		store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
+		require.NoError(t, err)
+		r, err = relay.New(store, publish, &relay.Config{Logger: dbtest.Logger(t)})
+		require.NoError(t, err)
+		err = r.Run(ctx)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, "version %d", version)
+		require.ErrorContains(t, err, "log layout of "+says)
+	}
+	require.NoError(t, ctx.Err(), "Run returned on its own")
 }

@@ -13,15 +13,20 @@ import (
 // Maintaining backs off after failures instead.
 var every = periodic.Run
 
-func (r *Relay) purge(ctx context.Context) {
+// purge deletes what is due; it returns an error only when nothing can
+// repair it (see fatal), which stops Run.
+func (r *Relay) purge(ctx context.Context) error {
 	n, err := r.store.PurgePublished(ctx, r.cfg.PurgeAfter)
 	r.stats.purged.Add(n)
 	switch {
+	case fatal(err):
+		return err
 	case err != nil && ctx.Err() == nil:
 		r.logger.ErrorContext(ctx, "relay: Purging published messages failed", slog.String("error", err.Error()))
 	case n > 0:
 		r.logger.InfoContext(ctx, "relay: Purged published messages", slog.Int64("num_purged", n), slog.Duration("older_than", r.cfg.PurgeAfter))
 	}
+	return nil
 }
 
 // maintainEvery is how often the relay offers its store the upkeep beside
@@ -29,12 +34,15 @@ func (r *Relay) purge(ctx context.Context) {
 const maintainEvery = 100 * time.Millisecond
 
 // maintain calls Store.Maintain every maintainEvery until ctx ends, and
-// after a failure again after the relay's backoff.
-func (r *Relay) maintain(ctx context.Context) {
+// after a failure again after the relay's backoff. It returns nil when
+// ctx ends, or an error nothing can repair (see fatal), which stops Run.
+func (r *Relay) maintain(ctx context.Context) error {
 	failures := 0
 	for {
 		wait := maintainEvery
-		if err := r.store.Maintain(ctx); err != nil && ctx.Err() == nil {
+		if err := r.store.Maintain(ctx); fatal(err) {
+			return err
+		} else if err != nil && ctx.Err() == nil {
 			failures++
 			wait = r.backoff(failures)
 			r.logger.WarnContext(ctx, "relay: Maintaining the table failed; its claims do the work meanwhile",
@@ -46,7 +54,7 @@ func (r *Relay) maintain(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return
+			return nil
 		case <-t.C:
 		}
 	}
@@ -55,12 +63,17 @@ func (r *Relay) maintain(ctx context.Context) {
 // reconcileInterval is how often a relay in ordered mode reconciles.
 const reconcileInterval = time.Second
 
-func (r *Relay) reconcile(ctx context.Context) {
+// reconcile runs the store's Reconcile once; it returns an error only
+// when nothing can repair it (see fatal), which stops Run.
+func (r *Relay) reconcile(ctx context.Context) error {
 	held, unheld, err := r.store.Reconcile(ctx)
 	switch {
+	case fatal(err):
+		return err
 	case err != nil && ctx.Err() == nil:
 		r.logger.WarnContext(ctx, "relay: Reconciling held messages failed", slog.String("error", err.Error()))
 	case held > 0 || unheld > 0:
 		r.logger.DebugContext(ctx, "relay: Reconciled held messages", slog.Int64("num_held", held), slog.Int64("num_unheld", unheld))
 	}
+	return nil
 }

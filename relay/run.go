@@ -21,10 +21,13 @@ import (
 // permission) are retried too, since an operator may fix them while the
 // relay runs, but logged at error level as permanent. Run returns an error
 // when it is already running, when its publisher was closed
-// (ErrPublisherClosed), when the store has no pool (outbox.ErrNoPool), and
-// in ordered mode when the table cannot keep the order
-// (outbox.ErrOrderingUnsafe, see outbox.Store.CheckOrdering): those cannot
-// change while it runs.
+// (ErrPublisherClosed), when the store has no pool (outbox.ErrNoPool) or
+// its *sql.DB was closed ("sql: database is closed"), when any of the
+// store's methods reports that the table is not an outbox table of this
+// version (outbox.ErrInvalidTable: a foreign table, a log table of another
+// version, ...), and in ordered mode when the table cannot keep the order
+// (outbox.ErrOrderingUnsafe, see outbox.Store.CheckOrdering): those are
+// misuse, and cannot change while it runs.
 //
 // Run is a pipeline of three stages (see the package documentation): one
 // claimer, Config.MaxInFlight publishers, one settler.
@@ -51,7 +54,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		fatalErr  error
 	)
 	fail := func(err error) {
-		fatalOnce.Do(func() { fatalErr = err })
+		fatalOnce.Do(func() { fatalErr = explain(err) })
 		stopRun()
 	}
 
@@ -61,15 +64,31 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer beside.Wait()
 	besideCtx, stopBeside := context.WithCancel(runCtx)
 	defer stopBeside()
-	run := func(f func(context.Context)) {
+	// Each returns an error only when nothing can repair it (a table that
+	// is not an outbox table, a closed *sql.DB), which stops Run.
+	run := func(f func(context.Context) error) {
 		beside.Add(1)
 		go func() {
 			defer beside.Done()
-			f(besideCtx)
+			if err := f(besideCtx); err != nil {
+				fail(err)
+			}
 		}()
 	}
+	// periodically runs f every interval until besideCtx ends or f
+	// returns an error.
+	periodically := func(interval time.Duration, f func(context.Context) error) func(context.Context) error {
+		return func(ctx context.Context) error {
+			every(ctx, interval, func(ctx context.Context) {
+				if err := f(ctx); err != nil {
+					fail(err)
+				}
+			})
+			return nil
+		}
+	}
 	if r.cfg.PurgeAfter > 0 {
-		run(func(ctx context.Context) { every(ctx, r.cfg.PurgeInterval, r.purge) })
+		run(periodically(r.cfg.PurgeInterval, r.purge))
 	}
 	// The storage's upkeep (looks for work to take over, rotation), so
 	// that no claim waits for it.
@@ -79,13 +98,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	// the table changed modes (the claimer does it again when the table
 	// turns unordered while the relay runs).
 	run(r.reconcile)
-	run(func(ctx context.Context) {
-		every(ctx, reconcileInterval, func(ctx context.Context) {
-			if r.ordered.Load() {
-				r.reconcile(ctx)
-			}
-		})
-	})
+	run(periodically(reconcileInterval, func(ctx context.Context) error {
+		if r.ordered.Load() {
+			return r.reconcile(ctx)
+		}
+		return nil
+	}))
 
 	// The shutdown clock: publishes in flight when runCtx ends get
 	// ShutdownTimeout for their confirms, then drain ends and cuts them
@@ -200,13 +218,18 @@ func (p *pipeline) reports() (faults, clean int, err error) {
 // and refuses to run on a table that cannot keep the order it is asked for
 // (outbox.ErrOrderingUnsafe: a store configured OrderedByKey on a table
 // that is not ordered, an ordered table whose seq cannot keep the order).
-// A check that fails otherwise (the database is down) is left to the
-// claims.
+// A check that fails for a reason nothing can repair while the relay runs
+// (a table that is not an outbox table, a closed *sql.DB) stops it too; one
+// that fails otherwise (the database is down) is left to the claims.
 func (r *Relay) checkOrdering(ctx context.Context) error {
 	err := r.store.CheckOrdering(ctx)
 	switch {
 	case errors.Is(err, outbox.ErrOrderingUnsafe):
 		r.logger.ErrorContext(ctx, "relay: Not started: the table cannot keep per-key order", slog.String("error", err.Error()))
+		return err
+	case fatal(err):
+		err = explain(err)
+		r.logger.ErrorContext(ctx, "relay: Not started", slog.String("error", err.Error()))
 		return err
 	case err != nil:
 		r.logger.WarnContext(ctx, "relay: Could not check that the table keeps per-key order", slog.String("error", err.Error()))
@@ -237,7 +260,10 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 		}
 		if time.Since(modeRead) >= orderingRefresh {
 			modeRead = time.Now()
-			r.refreshOrdering(ctx)
+			if err := r.refreshOrdering(ctx); err != nil {
+				p.slots <- struct{}{}
+				return err
+			}
 		}
 		switch faults, clean, ferr := p.reports(); {
 		case faults > 0:
@@ -365,27 +391,31 @@ const orderingRefresh = time.Second
 // converted while the relay runs is relayed in its new mode from the next
 // claim. Until the store has read that a table became ordered, its
 // unordered claims take no message with a key (see outbox.Store.Claim).
-func (r *Relay) refreshOrdering(ctx context.Context) {
+// It returns an error only when nothing can repair it (see fatal).
+func (r *Relay) refreshOrdering(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/3) // as a claim: a hung database does not hold the claimer
 	defer cancel()
 	err := r.store.CheckOrdering(cctx)
-	if err != nil && !errors.Is(err, outbox.ErrOrderingUnsafe) {
-		return // the database: the claim will say
+	switch {
+	case fatal(err):
+		return err
+	case err != nil && !errors.Is(err, outbox.ErrOrderingUnsafe):
+		return nil // the database: the claim will say
 	}
 	now := r.store.Ordering() == outbox.OrderedByKey
 	if was := r.ordered.Swap(now); was == now {
-		return
+		return nil
 	}
 	if now {
 		r.logger.InfoContext(ctx, "relay: The table was made ordered: relaying each key's messages in commit order from now on")
-		return
+		return nil
 	}
 	attrs := []any{}
 	if err != nil {
 		attrs = append(attrs, slog.String("warning", err.Error()))
 	}
 	r.logger.WarnContext(ctx, "relay: The table was made unordered: relaying without per-key order from now on", attrs...)
-	r.reconcile(ctx) // bring back what ordered mode held
+	return r.reconcile(ctx) // bring back what ordered mode held
 }
 
 // logFailure logs a failed round at level, retried after wait. An error
