@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -18,27 +19,28 @@ import (
 // pool, a table that is not an outbox table of this version).
 func fatal(err error) bool {
 	return errors.Is(err, ErrPublisherClosed) || errors.Is(err, outbox.ErrNoPool) ||
-		errors.Is(err, outbox.ErrInvalidTable) || errors.Is(err, errDBClosed)
+		errors.Is(err, outbox.ErrInvalidTable) || errors.Is(err, errDBClosed())
 }
 
 // explain is the error Run returns for a fatal err: err itself, said more
 // plainly where database/sql's own words would leave a reader guessing.
 func explain(err error) error {
-	if errors.Is(err, errDBClosed) {
+	if errors.Is(err, errDBClosed()) {
 		return fmt.Errorf("relay: the store's *sql.DB was closed while the relay used it (close it only after Run returned): %w", err)
 	}
 	return err
 }
 
 // errDBClosed is database/sql's error for a closed *sql.DB ("sql: database
-// is closed"), which it does not export: provoked once here, from a pool
+// is closed"), which it does not export: provoked once, when first asked
+// for (not when a program that imports the package starts), from a pool
 // without a driver that is closed before its first use. database/sql
 // returns that one value, and the store wraps it, so errors.Is finds it.
-var errDBClosed = func() error {
+var errDBClosed = sync.OnceValue(func() error {
 	db := sql.OpenDB(noConnector{})
 	_ = db.Close()
 	return db.PingContext(context.Background())
-}()
+})
 
 // noConnector is a driver.Connector that never connects.
 type noConnector struct{}

@@ -91,10 +91,10 @@ func TestInvalidTableStopsRunFromEveryStoreCall(t *testing.T) {
 // provokes it once. If database/sql ever changed it, this says so.
 func TestErrDBClosedIsDatabaseSQLs(t *testing.T) {
 	t.Parallel()
-	require.EqualError(t, errDBClosed, "sql: database is closed")
+	require.EqualError(t, errDBClosed(), "sql: database is closed")
 	db := dbtest.NewDB(t)
 	require.NoError(t, db.Close())
-	require.ErrorIs(t, db.PingContext(context.Background()), errDBClosed, "the same value a closed pool returns")
+	require.ErrorIs(t, db.PingContext(context.Background()), errDBClosed(), "the same value a closed pool returns")
 }
 
 // Issue 47, item 12: a *sql.DB closed under a running relay (by the
@@ -130,7 +130,7 @@ func TestClosedDBStopsRun(t *testing.T) {
 
 	require.NoError(t, db.Close())
 	err = <-done
-	require.ErrorIs(t, err, errDBClosed)
+	require.ErrorIs(t, err, errDBClosed())
 	require.ErrorContains(t, err, "*sql.DB was closed")
 	require.NoError(t, runCtx.Err(), "Run stopped on its own, not at the test's deadline")
 	require.EqualValues(t, 1, published.Load())
@@ -138,7 +138,7 @@ func TestClosedDBStopsRun(t *testing.T) {
 	// Started on the closed pool, it stops at once.
 	r = newTestRelay(t, store, pub, nil)
 	err = r.Run(runCtx)
-	require.ErrorIs(t, err, errDBClosed)
+	require.ErrorIs(t, err, errDBClosed())
 	require.NoError(t, runCtx.Err())
 	require.False(t, errors.Is(err, outbox.ErrInvalidTable))
 }
