@@ -284,6 +284,14 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 		case <-p.settled:
 		default:
 		}
+		if ctx.Err() != nil {
+			// A free slot and the shutdown were both ready, and select
+			// chose the slot: claim nothing once the shutdown has begun
+			// (the claim runs on drain, and would take back what the
+			// settler has just released).
+			p.slots <- struct{}{}
+			return nil
+		}
 		b, err := r.claim(ctx, drain)
 		retry := again
 		again = false

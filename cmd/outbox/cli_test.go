@@ -339,7 +339,7 @@ func TestRelayDaemonReleasesOnSIGTERM(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("relay did not exit within 30s of SIGTERM; stderr:\n%s", stderr.String())
 	}
-	require.Contains(t, stdout.String(), "0 published, 0 failed, 3 released")
+	require.Contains(t, stdout.String(), "0 published, 0 failed, 3 released", stderr.String())
 	require.Zero(t, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE claim_token IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL`),
 		"released at once, without an attempt")
 }
