@@ -27,6 +27,8 @@ const (
 	settleRetryMin         = 25 * time.Millisecond
 	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
+	probeFirst             = 250 * time.Millisecond // see brokerBackoff
+	probeMax               = 2 * time.Second
 	pollFirst              = 3 * time.Millisecond // the wait after a short or an empty claim
 	wakeBurst              = 8                    // empty claims pollFirst apart after a wake-up
 )
