@@ -269,18 +269,8 @@ func (p *AMQPPublisher) Check(ctx context.Context) error {
 	if p == nil || p.closed.Load() {
 		return ErrPublisherClosed
 	}
-	p.lanesMu.Lock()
-	lanes := p.lanes
-	p.lanesMu.Unlock()
-	for _, l := range lanes {
-		if !l.mu.TryLock() {
-			return nil // publishing: its outcome, not a check, tells
-		}
-		connected := l.conn != nil && !l.conn.IsClosed()
-		l.mu.Unlock()
-		if connected {
-			return nil
-		}
+	if connected, busy := p.lanesConnected(); connected || busy {
+		return nil // a lane publishing: its outcome, not a check, tells
 	}
 	l := p.lane() // no open connection: open one, as the next Publish would
 	defer l.mu.Unlock()
@@ -306,22 +296,32 @@ func (p *AMQPPublisher) probe(ctx context.Context) error {
 	if p.closed.Load() {
 		return ErrPublisherClosed
 	}
+	if connected, _ := p.lanesConnected(); connected {
+		return nil
+	}
+	l := p.lane()
+	defer l.mu.Unlock()
+	return l.ensureChannel(context.WithValue(ctx, quietDial{}, true))
+}
+
+// lanesConnected reports whether a lane not busy publishing has an open
+// connection, and whether a lane is busy publishing.
+func (p *AMQPPublisher) lanesConnected() (connected, busy bool) {
 	p.lanesMu.Lock()
 	lanes := p.lanes
 	p.lanesMu.Unlock()
 	for _, l := range lanes {
 		if !l.mu.TryLock() {
+			busy = true
 			continue
 		}
-		connected := l.conn != nil && !l.conn.IsClosed()
+		c := l.conn != nil && !l.conn.IsClosed()
 		l.mu.Unlock()
-		if connected {
-			return nil
+		if c {
+			return true, busy
 		}
 	}
-	l := p.lane()
-	defer l.mu.Unlock()
-	return l.ensureChannel(context.WithValue(ctx, quietDial{}, true))
+	return false, busy
 }
 
 // quietDial, as a context's value, makes a failed dial log at debug level.
