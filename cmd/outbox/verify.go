@@ -49,6 +49,7 @@ type verifyReport struct {
 	OrderViolations int            `json:"order_violations"`
 	Inbox           *inboxReport   `json:"inbox,omitempty"`
 	Faults          map[string]int `json:"faults"`
+	FaultLog        []faultEvent   `json:"fault_log"` // each fault injected, with the messages in flight then
 	LatencyMs       latencyReport  `json:"latency_ms"`
 	OK              bool           `json:"ok"`
 }
@@ -156,6 +157,8 @@ type verifier struct {
 	deliveries int
 	firstByKey map[string][]string // key: ids in the order of their first deliveries
 	faults     map[string]int
+	faultLog   []faultEvent
+	started    time.Time // when writing began
 }
 
 func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
@@ -233,6 +236,7 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 		return nil, err
 	}
 	start := time.Now()
+	v.started = start
 	end := time.Now().Add(v.o.duration)
 	done := make(chan error, 1)
 	go func() { done <- v.write(ctx, store, end) }()
