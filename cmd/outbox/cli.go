@@ -140,17 +140,26 @@ type common struct {
 // newCommon starts a command's flags: --database-url, and --table with
 // the given default unless table is "" (a command on a table of its own).
 func newCommon(name string, x *cli, table string) *common {
-	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: table}
-	c.fs.SetOutput(x.stderr)
-	c.fs.Usage = func() {
-		fmt.Fprintf(c.fs.Output(), "Usage: %s\n\nFlags:\n", strings.TrimSpace("outbox "+name+" [flags] "+c.positional))
-		c.fs.PrintDefaults()
-	}
+	c := newBrokerCommon(name, x)
+	c.table = table
 	// The default is never taken from the environment here: flag prints
 	// defaults in its usage text, and DATABASE_URL holds a password.
 	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string (default $DATABASE_URL)")
 	if table != "" {
 		c.fs.Var(&onceFlag{p: &c.table}, "table", "the `table`, optionally schema-qualified")
+	}
+	return c
+}
+
+// newBrokerCommon starts the flags of a command that does not use the
+// database (outbox declare, outbox inbox replay): no --database-url, no
+// --table.
+func newBrokerCommon(name string, x *cli) *common {
+	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError)}
+	c.fs.SetOutput(x.stderr)
+	c.fs.Usage = func() {
+		fmt.Fprintf(c.fs.Output(), "Usage: %s\n\nFlags:\n", strings.TrimSpace("outbox "+name+" [flags] "+c.positional))
+		c.fs.PrintDefaults()
 	}
 	return c
 }

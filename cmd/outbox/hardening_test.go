@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -215,7 +216,48 @@ func TestUsageIsClear(t *testing.T) {
 	require.Contains(t, out, "Usage: outbox retry [flags] ID...")
 	require.Contains(t, out, "-all-parked")
 
-	code, _, errOut := outboxCmd(t, nil, "bench", "--rate", "2000000000")
+	// Issue 38, item 6: every command's help names each flag's value
+	// with one word (a backquoted phrase in a usage became the value name:
+	// "-layout outbox schema"), and says what is true.
+	helps := map[string]string{}
+	for _, args := range [][]string{{"inbox", "schema"}, {"inbox", "purge"}, {"inbox", "dead"}, {"inbox", "retry"}, {"inbox", "replay"}} {
+		code, out, errOut := outboxCmd(t, nil, append(args, "-h")...)
+		require.Equal(t, 0, code, errOut)
+		helps[strings.Join(args, " ")] = out
+	}
+	for name := range commands {
+		if name == "version" || name == "inbox" {
+			continue
+		}
+		code, out, errOut := outboxCmd(t, nil, name, "-h")
+		require.Equal(t, 0, code, errOut)
+		helps[name] = out
+	}
+	flagLine := regexp.MustCompile(`(?m)^  -(\S+)(?: (.*))?$`)
+	for name, out := range helps {
+		lines := flagLine.FindAllStringSubmatch(out, -1)
+		require.NotEmpty(t, lines, "outbox %s -h lists its flags:\n%s", name, out)
+		for _, l := range lines {
+			require.NotContains(t, l[2], " ", "outbox %s -h: the value of -%s is named with one word: %q", name, l[1], l[0])
+		}
+	}
+	require.Contains(t, helps["verify"], "  -layout string\n")
+	require.Contains(t, helps["bench"], "  -layout string\n")
+	require.NotContains(t, helps["relay"], "writers must use ordered mode")
+	require.Contains(t, helps["relay"], "the table keeps each key's order, whoever writes to it")
+	for _, name := range []string{"declare", "inbox replay"} {
+		require.NotContains(t, helps[name], "-database-url", "outbox %s does not use the database", name)
+	}
+	require.Contains(t, helps["status"], "-database-url")
+	require.Contains(t, helps["declare"], "  -bind key\n")
+	code, _, errOut := outboxCmd(t, nil, "declare", "--database-url", "postgres://x@h/db", "--dry-run")
+	require.Equal(t, 2, code, "declare takes no --database-url")
+	require.Contains(t, errOut, "flag provided but not defined: -database-url")
+	code, out, _ = outboxCmd(t, nil, "inbox", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"outbox inbox replay --from QUEUE.dead"`)
+
+	code, _, errOut = outboxCmd(t, nil, "bench", "--rate", "2000000000")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--rate must be between 0 and 1000000")
 	code, _, errOut = outboxCmd(t, nil, "relay", "--batch-size", "0")

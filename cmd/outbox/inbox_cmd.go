@@ -22,9 +22,17 @@ const inboxUsage = `Usage:
 
 To replay what a consumer dead-lettered once its cause is fixed: run
 "outbox inbox retry --consumer NAME --all" (or name the ids), then
-"outbox inbox replay --from DEAD-LETTER-QUEUE". The order matters: a
-replayed message whose record still says dead is dead-lettered again.
+"outbox inbox replay --from QUEUE.dead", QUEUE being the consumer's queue
+(QUEUE.dead is the dead-letter queue that outbox declare --queue QUEUE and
+package topology declare for it). The order matters: a replayed message
+whose record still says dead is dead-lettered again.
 `
+
+// replayHint says how to move dead letters back, naming the dead-letter
+// queue by the rule of outbox declare and package topology (Queue's
+// DeadLetterQueue: Name + ".dead"): the inbox knows its consumer, not the
+// queue it consumes.
+const replayHint = "outbox inbox replay --from QUEUE.dead (the dead-letter queue of the queue the consumer consumes, as outbox declare --queue QUEUE names it)"
 
 // cmdInbox runs the operator commands of package inbox's table.
 func cmdInbox(ctx context.Context, x *cli, args []string) error {
@@ -177,7 +185,7 @@ func cmdInboxDead(ctx context.Context, x *cli, args []string) error {
 	if recs.Dead > int64(len(dead)) {
 		fmt.Fprintf(c.stdout, "(%d of %d shown: --limit)\n", len(dead), recs.Dead)
 	}
-	fmt.Fprintf(c.stdout, "\nafter fixing the cause: outbox inbox retry --consumer %s --table %s --all, then outbox inbox replay --from <dead-letter queue>\n", *c.consumer, c.table)
+	fmt.Fprintf(c.stdout, "\nafter fixing the cause: outbox inbox retry --consumer %s --table %s --all, then %s\n", *c.consumer, c.table, replayHint)
 	return nil
 }
 
@@ -220,13 +228,13 @@ func cmdInboxRetry(ctx context.Context, x *cli, args []string) error {
 		fmt.Fprintf(c.stdout, "%d id(s) left alone: no dead-lettered record of this consumer (see outbox inbox dead)\n", int64(len(c.args))-n)
 	}
 	if n > 0 {
-		fmt.Fprintln(c.stdout, "now replay them: outbox inbox replay --from <dead-letter queue>")
+		fmt.Fprintln(c.stdout, "now replay them: "+replayHint)
 	}
 	return nil
 }
 
 func cmdInboxReplay(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("inbox replay", x, "")
+	c := newBrokerCommon("inbox replay", x) // the broker only: no --database-url
 	from := c.fs.String("from", "", "the dead-letter queue to take messages from; required")
 	to := c.fs.String("to", "", "the queue to put them in (default: the queue each was dead-lettered from, by its x-death header)")
 	limit := c.fs.Int("limit", 1000, "most messages to move")

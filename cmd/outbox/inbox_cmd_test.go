@@ -126,6 +126,8 @@ func TestInboxDeadRetryReplay(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "order-9")
 	require.Contains(t, out, "the tax service rejects the address")
+	// Issue 38, item 6: the queue to replay from is named.
+	require.Contains(t, out, "then outbox inbox replay --from QUEUE.dead (the dead-letter queue of the queue the consumer consumes, as outbox declare --queue QUEUE names it)")
 	code, out, errOut = outboxCmd(t, nil, "inbox", "retry", "--table", table, "--consumer", "billing", "--all", "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "would make 1 dead-lettered message(s) of consumer billing eligible again")
@@ -134,6 +136,8 @@ func TestInboxDeadRetryReplay(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "made 1 dead-lettered message(s) of consumer billing eligible again")
 	require.Contains(t, out, "1 id(s) left alone")
+	require.Contains(t, out, "now replay them: outbox inbox replay --from QUEUE.dead (")
+	require.NotContains(t, out, "<dead-letter queue>")
 
 	env := map[string]string{"AMQP_URL": amqptest.URL()}
 	require.Eventually(t, func() bool {

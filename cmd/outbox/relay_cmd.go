@@ -53,7 +53,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY instead of waiting for the next poll; needs the table's trigger (outbox schema --notify --apply) and a direct connection, not a transaction pooler")
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
-	ordered := c.fs.Bool("ordered", false, "keep the order of each key (outbox.OrderedByKey); the table's writers must use ordered mode too")
+	ordered := c.fs.Bool("ordered", false, "expect an ordered table and refuse one that is not (outbox.OrderedByKey): the table keeps each key's order, whoever writes to it (outbox schema --ordered, outbox convert --to ordered), and a relay of an ordered table keeps it with or without this flag")
 	listenURL := c.fs.String("listen-database-url", "", "with --notify: a direct PostgreSQL connection for LISTEN, when --database-url goes through a transaction pooler (default: --database-url)")
 	topologyFile := c.fs.String("topology", "", "a topology file (see outbox declare) to declare on every connection before publishing")
 	unroutable := c.fs.String("unroutable", "park", "what to do with a message no queue is bound for: park (an attempt, parked after --max-attempts; blocks its key in ordered mode), alternate (publish to --alternate-exchange) or drop (count and log it)")

@@ -49,6 +49,7 @@ type verifyReport struct {
 	OrderViolations int            `json:"order_violations"`
 	Inbox           *inboxReport   `json:"inbox,omitempty"`
 	Faults          map[string]int `json:"faults"`
+	FaultLog        []faultEvent   `json:"fault_log"` // each fault injected, with the messages in flight then
 	LatencyMs       latencyReport  `json:"latency_ms"`
 	OK              bool           `json:"ok"`
 }
@@ -82,7 +83,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	c.fs.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after writing, how long to wait for every committed event to arrive")
 	c.fs.BoolVar(&o.ordered, "ordered", false, "ordered mode (outbox.OrderedByKey): also check that every key's first deliveries keep the order of writing")
 	c.fs.BoolVar(&o.longTx, "long-transaction", false, "also hold one writing transaction open for the whole --duration, committed last: its event must arrive (a cursor over ids or time would skip it)")
-	c.fs.StringVar(&o.layout, "layout", "log", "the scratch table's layout: log (as `outbox schema` creates) or rows")
+	c.fs.StringVar(&o.layout, "layout", "log", "the scratch table's layout: log (the one outbox schema creates) or rows")
 	c.fs.BoolVar(&o.inbox, "inbox", false, "also consume through an inbox (package inbox) and check that every committed event had exactly one effect")
 	c.fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON on stdout, for CI")
 	c.fs.BoolVar(&o.keep, "keep", false, "keep the scratch table, exchange and queues to inspect them")
@@ -156,6 +157,8 @@ type verifier struct {
 	deliveries int
 	firstByKey map[string][]string // key: ids in the order of their first deliveries
 	faults     map[string]int
+	faultLog   []faultEvent
+	started    time.Time // when writing began
 }
 
 func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
@@ -233,6 +236,7 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 		return nil, err
 	}
 	start := time.Now()
+	v.started = start
 	end := time.Now().Add(v.o.duration)
 	done := make(chan error, 1)
 	go func() { done <- v.write(ctx, store, end) }()
