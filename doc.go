@@ -58,7 +58,8 @@
 //
 // "Written first" is decided by the database, not by a clock: before a row
 // with a key is inserted, the trigger takes a transaction-scoped lock on
-// the key (one of a fixed number of slots, by the key's hash) and only then
+// the key (its own for a transaction's first 1,024 keys, beyond those one of
+// a fixed number of slots, by the key's hash) and only then
 // numbers the row ([Message.Seq], a sequence). Writers of one key take
 // turns, the second waiting until the first commits or rolls back, so a
 // key's order is the order in which the writers' transactions took it,

@@ -132,7 +132,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{claimmark}", lit(logClaimMark + fmt.Sprint(logClaimRevision)), "{claimargs}", logClaimArgs,
 		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
 		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
-		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key"))}, more...)...)
+		"{turn}", t.keyTurn("'"+lit(t.full)+"'", "NEW.event_key")}, more...)...)
 }
 
 // logDDL creates a table of the log layout, or brings one of version 1 to
@@ -495,7 +495,7 @@ const logClaimAfter = `(SELECT o.* FROM {table} AS o
 const logOrderSQL = `CREATE OR REPLACE FUNCTION {triggerfn}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.event_key <> '' THEN
-        PERFORM {slotlock};
+    {turn}
     END IF;
     NEW.ord := nextval('{ordseqname}');
     RETURN NEW;
