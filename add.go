@@ -162,6 +162,13 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 func (s *Store) explainWrite(err error) error {
 	switch pgerr.State(err) {
 	case "23505":
+		// The DETAIL of a unique violation names the key: "Key (id)=(…)
+		// already exists."
+		if id, ok := strings.CutPrefix(pgerr.Detail(err), "Key (id)=("); ok {
+			if id, ok = strings.CutSuffix(id, ") already exists."); ok {
+				return fmt.Errorf("%w: %s is already in %s: %w", ErrDuplicateID, id, s.t.full, err)
+			}
+		}
 		return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
 	case "42P05", "26000":
 		return fmt.Errorf("%w (%s)", err, PoolerHint)

@@ -36,7 +36,12 @@ var (
 	// already in the table (or twice in one call). Like any failed
 	// statement, a duplicate inside the table aborts the caller's
 	// transaction (PostgreSQL's rule): roll it back; the event written
-	// first stands.
+	// first stands. On LayoutLog the check is a unique index on each
+	// partition and a trigger that looks in the others: a writer whose
+	// snapshot cannot see the first write in another partition (a
+	// REPEATABLE READ transaction begun before it committed, or two
+	// writers at once whose events fall on either side of a partition
+	// boundary, one every million events) is not refused.
 	ErrDuplicateID = errors.New("outbox: duplicate event id")
 
 	// ErrLeaseLost matches a *LeaseLostError with errors.Is.

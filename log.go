@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/acemq/outbox/internal/pgerr"
 	"github.com/acemq/outbox/internal/pgschema"
 )
 
@@ -102,9 +103,11 @@ func LogSchema(tableName string) (string, error) {
 }
 
 func (t table) logSQL(l logTables) string {
-	var parts, bparts strings.Builder
+	var parts, bparts, uniq strings.Builder
 	for i := int64(0); i < l.parts; i++ {
-		fmt.Fprintf(&parts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)), t.quoted, i)
+		part := t.qualified(fmt.Sprintf("%s_p%02d", t.name, i))
+		fmt.Fprintf(&parts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", part, t.quoted, i)
+		fmt.Fprintf(&uniq, "CREATE UNIQUE INDEX IF NOT EXISTS \"%s_p%02d_id_key\" ON %s (id);\n", t.name, i, part)
 	}
 	for i := int64(0); i < logBatchParts; i++ {
 		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i)), l.batch, i)
@@ -118,7 +121,7 @@ func (t table) logSQL(l logTables) string {
 	}
 	ddl := strings.NewReplacer("{claimafter}", claim(logClaimAfter),
 		"{claimboth}", claim(logClaimRunning+"\nUNION ALL\n"+logClaimAfter)).Replace(logDDL)
-	return t.logReplacer(l, "{partitions}", parts.String(), "{bpartitions}", bparts.String()).Replace(ddl)
+	return t.logReplacer(l, "{partitions}", parts.String(), "{bpartitions}", bparts.String(), "{uniqueids}", uniq.String()).Replace(ddl)
 }
 
 // logReplacer fills the placeholders of the log layout's statements.
@@ -132,8 +135,14 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{claimmark}", lit(logClaimMark + fmt.Sprint(logClaimRevision)), "{claimargs}", logClaimArgs,
 		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
 		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
-		"{turn}", t.keyTurn("'"+lit(t.full)+"'", "NEW.event_key")}, more...)...)
+		"{turn}", t.keyTurn("'"+lit(t.full)+"'", "NEW.event_key"),
+		"{idindex}", t.qualified(t.name + "_id_idx"), "{idcheck}", `"` + t.idCheck() + `"`, "{idcheckname}", t.idCheck(), "{idcheckfn}", t.qualified(t.idCheck()),
+		"{tablename}", lit(t.full)}, more...)...)
 }
+
+// idCheck names the trigger (and its function) that refuses an event id
+// already in another partition of a table of the log layout.
+func (t table) idCheck() string { return t.name + "_id_check" }
 
 // logDDL creates a table of the log layout, or brings one of version 1 to
 // the current version (the ord columns, the boundary of ordered mode and
@@ -169,8 +178,32 @@ ALTER SEQUENCE {ordseq} OWNED BY {table}.ord;
 {partitions}
 -- Relays read the events of a window of transactions in this order.
 CREATE INDEX IF NOT EXISTS "{name}_tx_idx" ON {table} (tx, seq);
--- Operators find a message by id.
-CREATE INDEX IF NOT EXISTS "{name}_id_idx" ON {table} (id);
+-- An event's id is unique in the table (ErrDuplicateID): PostgreSQL
+-- cannot index a partitioned table uniquely on a column that is not its
+-- partition key, so each partition has a unique index on id (which
+-- operators find messages by), and the trigger below looks in the others.
+{uniqueids}DROP INDEX IF EXISTS {idindex};
+CREATE OR REPLACE FUNCTION {idcheckfn}() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    dup uuid;
+BEGIN
+    SELECT n.id INTO dup FROM outbox_new AS n
+    WHERE EXISTS (SELECT 1 FROM {table} AS o WHERE o.id = n.id AND o.seq <> n.seq) LIMIT 1;
+    IF FOUND THEN
+        RAISE unique_violation USING MESSAGE = format('event id %s is already in table %s', dup, '{tablename}'),
+            DETAIL = format('Key (id)=(%s) already exists.', dup);
+    END IF;
+    RETURN NULL;
+END
+$$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = '{table}'::regclass AND tgname = '{idcheckname}') THEN
+        CREATE TRIGGER {idcheck} AFTER INSERT ON {table}
+            REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION {idcheckfn}();
+    END IF;
+END
+$$;
 -- Relays of an ordered table read a window in the order of ord.
 CREATE INDEX IF NOT EXISTS "{name}_ord_idx" ON {table} (ord) WHERE ord IS NOT NULL;
 
@@ -551,10 +584,21 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 		ddl += s.t.logOrderDDL(s.t.logTables())
 	}
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, ddl); err != nil {
-		return fmt.Errorf("outbox: creating log schema of %s: %w", s.t.full, err)
+		return fmt.Errorf("outbox: creating log schema of %s: %w%s", s.t.full, err, DuplicateIDsAdvice(s.t.full, err))
 	}
 	s.forgetLayout()
 	return nil
+}
+
+// DuplicateIDsAdvice explains the failure of the log layout's DDL to
+// build the unique index on the ids of a partition (SQLSTATE 23505): the
+// table holds an event id twice, written before this version refused
+// duplicates. It returns "" for any other error.
+func DuplicateIDsAdvice(tableName string, err error) string {
+	if pgerr.State(err) != "23505" {
+		return ""
+	}
+	return fmt.Sprintf(": the table holds an event id twice, written before this version of the library refused duplicates; list them with SELECT id, array_agg(seq) FROM %s GROUP BY id HAVING count(*) > 1, delete the later copy of each (they were published already, or will be with the first) and apply the schema again", tableName)
 }
 
 // layoutState caches the layout of a Store's table, read once from the

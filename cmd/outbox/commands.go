@@ -598,7 +598,7 @@ func (c *common) printOrApply(ctx context.Context, ddl string, apply bool) error
 	}
 	defer db.Close()
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
-		return fmt.Errorf("creating %s: %w", c.table, err)
+		return fmt.Errorf("creating %s: %w%s", c.table, err, outbox.DuplicateIDsAdvice(c.table, err))
 	}
 	fmt.Fprintf(c.stdout, "table %s is ready\n", c.table)
 	return nil
