@@ -334,6 +334,9 @@ func cmdConvert(ctx context.Context, x *cli, args []string) error {
 	default:
 		return c.usageError("--to must be log, ordered or unordered (got %q)", *to)
 	}
+	if *lockTimeout < time.Millisecond {
+		return c.usageError("--lock-timeout must be at least 1ms (got %s): it bounds the wait for the writers in progress, who wait for the conversion meanwhile", *lockTimeout)
+	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err

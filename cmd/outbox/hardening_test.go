@@ -247,6 +247,53 @@ func TestUsageIsClear(t *testing.T) {
 	require.Contains(t, errOut, "is not an outbox table of this version")
 }
 
+// Issue 47, item 11: values that cannot work are refused with the reason
+// (exit 2), before anything is connected or created: --poll-interval 1ns
+// made an idle relay claim 2,400 times a second, --rate NaN passed every
+// bound of verify and bench, and convert took --lock-timeout -1s as 1ms.
+func TestValuesThatCannotWorkAreRefused(t *testing.T) {
+	t.Parallel()
+	unreachable := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", "AMQP_URL": "amqp://nobody:x@127.0.0.1:1/"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay", "--poll-interval", "1ns"}, "--poll-interval 1ns is too short: at least 1ms. An idle relay claims once per --poll-interval"},
+		{[]string{"relay", "--poll-interval", "999us"}, "--poll-interval 999µs is too short"},
+		{[]string{"relay", "--poll-interval", "0"}, "--poll-interval must be positive"},
+		{[]string{"verify", "--rate", "NaN"}, "--rate NaN is not a number of messages per second: give one above 0 and at most 1000000"},
+		{[]string{"verify", "--rate", "Inf"}, "--rate +Inf is not a number of messages per second"},
+		{[]string{"verify", "--rate", "-Inf"}, "--rate -Inf is not a number of messages per second"},
+		{[]string{"verify", "--rate", "-5"}, "--rate must be above 0 and at most 1000000 messages per second (got -5)"},
+		{[]string{"verify", "--rate", "0"}, "--rate must be above 0 and at most 1000000 messages per second (got 0)"},
+		{[]string{"bench", "--rate", "NaN"}, "--rate NaN is not a number of messages per second: give one between 0 and 1000000"},
+		{[]string{"bench", "--rate", "+Inf"}, "--rate +Inf is not a number"},
+		{[]string{"bench", "--rate", "-1"}, "--rate must be between 0 and 1000000 messages per second (got -1)"},
+		{[]string{"convert", "--to", "ordered", "--lock-timeout", "-1s"}, "--lock-timeout must be at least 1ms (got -1s)"},
+		{[]string{"convert", "--to", "log", "--lock-timeout", "0"}, "--lock-timeout must be at least 1ms (got 0s)"},
+	} {
+		code, out, errOut := outboxCmd(t, unreachable, c.args...)
+		require.Equal(t, 2, code, "outbox %v: %s", c.args, errOut)
+		require.Contains(t, errOut, c.want, "outbox %v", c.args)
+		require.Contains(t, errOut, "Run \"outbox "+c.args[0]+" --help\" for its flags.")
+		require.Empty(t, out)
+		require.NotContains(t, errOut, "cannot reach", "refused before connecting")
+	}
+}
+
+// Issue 47, item 11: the library refuses a conversion's lock timeout under
+// a millisecond (it took -1s as 1ms).
+func TestConvertRefusesALockTimeoutUnderAMillisecond(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, err := outbox.NewStore(dbtest.DB(t), &outbox.StoreConfig{Table: dbtest.Table(t)})
+	require.NoError(t, err)
+	_, err = store.ConvertToLog(ctx, true, -time.Second)
+	require.ErrorContains(t, err, "outbox: ConvertToLog: lockTimeout must be at least 1ms (got -1s)")
+	_, err = store.ConvertOrdering(ctx, outbox.OrderedByKey, true, 0)
+	require.ErrorContains(t, err, "outbox: ConvertOrdering: lockTimeout must be at least 1ms (got 0s)")
+}
+
 func TestPrintable(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, `evil\x{1b}[31mred`, printable("evil\x1b[31mred", 100))
