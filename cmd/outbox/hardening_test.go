@@ -324,3 +324,70 @@ func TestRelayNotifyWithoutTriggerWarns(t *testing.T) {
 	require.Equal(t, 0, <-done)
 	require.Contains(t, stderr.String(), "the table has no NOTIFY trigger")
 }
+
+// Issue 47, item 12: `discard not-a-uuid` said "discarding 1" before
+// refusing; ids are checked first, and retry's too.
+func TestDiscardAndRetryCheckIDsFirst(t *testing.T) {
+	t.Parallel()
+	table := dbtest.Table(t) // never created: nothing is reached
+	for _, args := range [][]string{
+		{"discard", "not-a-uuid"},
+		{"discard", "0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f", "not-a-uuid", "--dry-run"},
+		{"retry", "0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f", "not-a-uuid"},
+	} {
+		code, out, errOut := outboxCmd(t, nil, append(args, "--table", table)...)
+		require.Equal(t, 2, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, `, "not-a-uuid", is not a message id (a UUID`, args)
+		require.NotContains(t, errOut, "discarding", args)
+		require.NotContains(t, errOut, "does not exist", "refused before the table is read")
+		require.Empty(t, out, args)
+	}
+}
+
+// Issue 47, item 12: purge said "purging 90" then "purged 0" and no more.
+// On the log layout a partition in use (here by a transaction that read
+// the table and is still open) is skipped after 50ms so that relays and
+// writers never wait behind the purge: it says so, and what to do.
+func TestPurgeSaysWhyNoneWerePurged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	for range 90 {
+		require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "e"}))
+	}
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 90)
+	require.NoError(t, store.MarkPublished(ctx, msgs...))
+	// Writers move on two partitions: the first may go.
+	_, err = db.ExecContext(ctx, `SELECT setval('"`+table+`_seq"', 2000000)`)
+	require.NoError(t, err)
+
+	reader, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer reader.Rollback() //nolint:errcheck
+	require.EqualValues(t, 90, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`"`))
+	var n int
+	require.NoError(t, reader.QueryRowContext(ctx, `SELECT count(*) FROM "`+table+`"`).Scan(&n))
+
+	code, out, errOut := outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1ms")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "purging 90 published message(s)")
+	require.Contains(t, out, "purged 0 published message(s)")
+	require.Contains(t, out, "90 message(s) counted before were not purged: their partitions were in use")
+	require.Contains(t, out, "pg_stat_activity")
+	require.Contains(t, out, "Run the purge again once it has ended")
+
+	require.NoError(t, reader.Rollback())
+	code, out, errOut = outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1ms")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "purged 90 published message(s)")
+	require.NotContains(t, out, "not purged")
+}
