@@ -329,8 +329,8 @@ type OrderingConversion struct {
 // ConvertOrdering makes the table ordered (to OrderedByKey) or unordered,
 // online. Making it ordered creates its order trigger (OrderSchema); making
 // it unordered drops it. Either takes the table's SHARE ROW EXCLUSIVE lock
-// for a moment, waiting at most lockTimeout for the writers in progress;
-// writers that start after it commits write in the new mode. Relays follow
+// for a moment, waiting at most lockTimeout (1ms or more) for the writers
+// in progress; writers that start after it commits write in the new mode. Relays follow
 // at once: an unordered claim never takes a message with a key from an
 // ordered table (it checks the mode in the statement), and every relay
 // reads the mode again within a second, then claims in the new one. The
@@ -345,6 +345,9 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	}
 	if to != Unordered && to != OrderedByKey {
 		return OrderingConversion{}, fmt.Errorf("outbox: ConvertOrdering: to must be Unordered or OrderedByKey (got %d)", int(to))
+	}
+	if err := checkLockTimeout("ConvertOrdering", lockTimeout); err != nil {
+		return OrderingConversion{}, err
 	}
 	if ls, err := s.logged(ctx); err != nil {
 		return OrderingConversion{}, err
@@ -456,4 +459,13 @@ func convertIn(ctx context.Context, db *sql.DB, lockTimeout time.Duration, stmts
 		return 0, err
 	}
 	return time.Since(started), nil
+}
+
+// checkLockTimeout refuses a conversion's lockTimeout under a millisecond,
+// PostgreSQL's unit of lock_timeout (which would silently round it).
+func checkLockTimeout(op string, lockTimeout time.Duration) error {
+	if lockTimeout < time.Millisecond {
+		return fmt.Errorf("outbox: %s: lockTimeout must be at least 1ms (got %s): it bounds the wait for the writers in progress", op, lockTimeout)
+	}
+	return nil
 }

@@ -295,6 +295,9 @@ func TestConfigValidation(t *testing.T) {
 		{Config{Lease: 90 * time.Millisecond}, "Config.Lease must be at least 1s (got 90ms)"}, // issue 18, item 5
 		{Config{Lease: time.Second, PublishTimeout: 2 * time.Second}, "Config.PublishTimeout (2s) must be shorter than Config.Lease (1s)"},
 		{Config{PollInterval: -time.Second}, "Config.PollInterval"},
+		// Issue 47, item 11: 1ns made an idle relay claim 2,400 times a second.
+		{Config{PollInterval: time.Nanosecond}, "Config.PollInterval must be at least 1ms (got 1ns): an idle relay claims once per PollInterval"},
+		{Config{PollInterval: 999 * time.Microsecond}, "Config.PollInterval must be at least 1ms (got 999µs)"},
 		{Config{BackoffMax: time.Millisecond}, "Config.BackoffMax"},
 		{Config{PurgeAfter: -time.Second}, "Config.PurgeAfter"},
 		{Config{ShutdownTimeout: -time.Second}, "Config.ShutdownTimeout"},
@@ -313,6 +316,8 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "publisher is nil")
 	_, err = New(store, PublisherFunc(nil), nil)
 	require.ErrorContains(t, err, "publisher is nil")
+	_, err = New(store, pub, &Config{PollInterval: PollIntervalMin})
+	require.NoError(t, err, "the floor itself")
 	// Issue 9, item 4: a Lease alone is enough; PublishTimeout follows it.
 	r, err := New(store, pub, &Config{Lease: 5 * time.Second})
 	require.NoError(t, err)

@@ -95,8 +95,8 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	}); err != nil {
 		return err
 	}
-	if o.rate < 0 || o.rate > maxRate {
-		return c.usageError("--rate must be between 0 and %d messages per second", maxRate)
+	if err := c.checkRate(o.rate, true); err != nil {
+		return err
 	}
 	if o.claims {
 		if err := c.positive(map[string]int64{"published": int64(o.published), "pending": int64(o.pending)}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -261,6 +262,23 @@ func (c *common) positive(vals map[string]int64) error {
 		if v <= 0 {
 			return c.usageError("--%s must be positive", name)
 		}
+	}
+	return nil
+}
+
+// checkRate refuses a --rate that is not a number of messages per second
+// from 0 (from just above it unless zeroOK) to maxRate: NaN compares false
+// with every bound, so it passed them.
+func (c *common) checkRate(rate float64, zeroOK bool) error {
+	bounds := fmt.Sprintf("between 0 and %d", maxRate)
+	if !zeroOK {
+		bounds = fmt.Sprintf("above 0 and at most %d", maxRate)
+	}
+	switch {
+	case math.IsNaN(rate) || math.IsInf(rate, 0):
+		return c.usageError("--rate %g is not a number of messages per second: give one %s", rate, bounds)
+	case rate < 0 || (rate == 0 && !zeroOK) || rate > maxRate:
+		return c.usageError("--rate must be %s messages per second (got %g)", bounds, rate)
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/google/uuid"
+
 	"github.com/acemq/outbox"
 )
 
@@ -284,6 +286,9 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 	if *all == (len(ids) > 0) {
 		return c.usageError("give message ids or --all-parked (not both)")
 	}
+	if err := c.messageIDs(ids); err != nil {
+		return err
+	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
@@ -333,6 +338,9 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	if len(ids) == 0 {
 		return c.usageError("give the ids of the parked messages to discard (outbox parked lists them)")
 	}
+	if err := c.messageIDs(ids); err != nil {
+		return err
+	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
@@ -364,6 +372,17 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
 	c.notParked(n, ids)
+	return nil
+}
+
+// messageIDs refuses, before anything is said or done, an argument that
+// is not a message id: a message's id is a UUID.
+func (c *common) messageIDs(ids []string) error {
+	for i, id := range ids {
+		if _, err := uuid.Parse(id); err != nil {
+			return c.usageError("argument %d, %q, is not a message id (a UUID such as 0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f): outbox parked lists the parked messages' ids", i+1, printable(id, 60))
+		}
+	}
 	return nil
 }
 
@@ -415,6 +434,31 @@ func cmdPurge(ctx context.Context, x *cli, args []string) error {
 		return fmt.Errorf("after purging %d: %w", n, c.explain(err))
 	}
 	fmt.Fprintf(c.stdout, "purged %d published message(s) older than %s from table %s in %s\n", n, *olderThan, c.table, time.Since(started).Round(time.Millisecond))
+	if n < due {
+		return c.whyNotPurged(ctx, store, *olderThan, due-n)
+	}
+	return nil
+}
+
+// whyNotPurged says why a purge removed fewer messages than it counted
+// before it began (missing of them).
+func (c *common) whyNotPurged(ctx context.Context, store *outbox.Store, olderThan time.Duration, missing int64) error {
+	left, err := store.Purgeable(ctx, olderThan)
+	if err != nil {
+		return c.explain(err)
+	}
+	layout, err := store.Layout(ctx)
+	if err != nil {
+		return c.explain(err)
+	}
+	switch {
+	case left > 0 && layout == outbox.LayoutLog:
+		fmt.Fprintf(c.stdout, "%d message(s) counted before were not purged: their partitions were in use. The log layout drops a partition whole, and waits at most 50ms for its lock so that relays and writers never wait behind a purge; a transaction that has read the table and is still open (a long report, a session idle in transaction: see pg_stat_activity) holds it. Run the purge again once it has ended.\n", left)
+	case left > 0:
+		fmt.Fprintf(c.stdout, "%d message(s) are purgeable now that were not when the purge began (published meanwhile, or older than the cutoff by now): run it again to remove them\n", left)
+	default:
+		fmt.Fprintf(c.stdout, "%d message(s) counted before were removed meanwhile by another purge (another outbox purge, or a relay with --purge-after), or were never there: the log layout's count is the planner's estimate of its partitions' rows\n", missing)
+	}
 	return nil
 }
 
@@ -496,6 +540,9 @@ func cmdConvert(ctx context.Context, x *cli, args []string) error {
 	case "log", "ordered", "unordered":
 	default:
 		return c.usageError("--to must be log, ordered or unordered (got %q)", *to)
+	}
+	if *lockTimeout < time.Millisecond {
+		return c.usageError("--lock-timeout must be at least 1ms (got %s): it bounds the wait for the writers in progress, who wait for the conversion meanwhile", *lockTimeout)
 	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {

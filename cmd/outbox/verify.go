@@ -90,8 +90,11 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	if o.duration <= 0 || o.rate <= 0 || o.rate > maxRate || o.relays < 1 || o.keys < 1 || o.rollbackPct < 0 || o.rollbackPct > 90 || o.faultEvery <= 0 {
-		return c.usageError("--duration, --rate (at most %d), --relays, --keys and --fault-every must be positive, --rollback-percent between 0 and 90", maxRate)
+	if err := c.checkRate(o.rate, false); err != nil {
+		return err
+	}
+	if o.duration <= 0 || o.relays < 1 || o.keys < 1 || o.rollbackPct < 0 || o.rollbackPct > 90 || o.faultEvery <= 0 {
+		return c.usageError("--duration, --relays, --keys and --fault-every must be positive, --rollback-percent between 0 and 90")
 	}
 	if o.layout != "rows" && o.layout != "log" {
 		return c.usageError("--layout must be rows or log (got %q)", o.layout)
