@@ -22,7 +22,7 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 		// shows claimed messages not yet published (a relay holds them).
 		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			st, err := v.store.Stats(ctx)
-			if err != nil || st.Claimed > 0 {
+			if err != nil || st.InFlight > 0 {
 				break
 			}
 		}
