@@ -80,11 +80,17 @@
 // One vocabulary, here and in package relay, the CLI, the metrics and the
 // README:
 //
-//   - pending: waiting to be published: claimed, backing off and held
-//     messages included, parked ones not ([Store.Pending], [Stats.Pending],
-//     [Gauges.Pending]).
-//   - claimed: leased to a relay until its claim expires.
-//   - backing off: failed, and not claimable until its backoff has passed.
+//   - pending: waiting to be published, whatever it waits for: ready,
+//     claimed, backing off, held and parked messages, all of them
+//     ([Store.Pending], [Stats.Pending], [Gauges.Pending]), as the store's
+//     contract says.
+//   - ready: claimable now: neither claimed, backing off, held nor parked
+//     ([Stats.Ready]). What should be moving: alert on it and on
+//     [Stats.OldestReadyAge], not on pending, which counts parked ones.
+//   - claimed (in flight): leased to a relay until its claim expires
+//     ([Stats.InFlight]).
+//   - backing off (delayed): failed, and not claimable until its backoff
+//     has passed ([Stats.Delayed]).
 //   - parked: failed [StoreConfig.MaxAttempts] times; waits for an
 //     operator ([Store.Retry], [Store.Discard]).
 //   - discarded: given up on by an operator; its row stays until purged.

@@ -27,6 +27,15 @@ const (
 	parked  = `published_at IS NULL AND parked_at IS NOT NULL`
 )
 
+// A waiting message (above) is in exactly one of three states: ready (a
+// relay may claim it now), in flight (claimed, its lease not expired) or
+// delayed (waiting out a backoff).
+const (
+	ready    = `available_at <= now() AND (claimed_until IS NULL OR claimed_until <= now())`
+	inFlight = `claimed_until > now()`
+	delayed  = `available_at > now() AND (claimed_until IS NULL OR claimed_until <= now())`
+)
+
 // unheldCTE, appended to a statement whose CTE "changed" returns the
 // event_key of the messages it published, re-armed or discarded, brings
 // back the held messages of those keys: the message that blocked them is
@@ -80,6 +89,7 @@ const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts 
 
 func newQueries(t table, ordered bool) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{ordered_now}", t.orderedNow(), "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
+		"{ready}", ready, "{in_flight}", inFlight, "{delayed}", delayed,
 		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing,
 		"{async}", asyncCondition)
 	// Nested texts are replaced in two steps.
@@ -111,26 +121,31 @@ RETURNING attempts, parked_at IS NOT NULL`),
 
 		// Pending means one thing everywhere (Store.Pending, Stats,
 		// Gauges, the metrics, outbox status): waiting to be published,
-		// claimed, backing off and held ones included, parked ones not.
+		// ready, claimed, backing off, held and parked ones, all of them.
 		pending: r2(`SELECT
 	(SELECT count(*) FROM {table} WHERE {waiting}) +
-	(SELECT count(*) FROM {table} WHERE {held})`),
+	(SELECT count(*) FROM {table} WHERE {held}) +
+	(SELECT count(*) FROM {table} WHERE {parked})`),
 
+		// Ready, in flight, delayed, held, parked (their sum is Pending),
+		// the ages of the oldest pending and of the oldest ready message.
 		stats: r2(`WITH live AS (
-	SELECT count(*) AS n,
-	       count(*) FILTER (WHERE claimed_until > now()) AS claimed,
-	       min(created_at) AS oldest
+	SELECT count(*) FILTER (WHERE {ready}) AS ready,
+	       count(*) FILTER (WHERE {in_flight}) AS in_flight,
+	       count(*) FILTER (WHERE {delayed}) AS delayed,
+	       min(created_at) AS oldest,
+	       min(created_at) FILTER (WHERE {ready}) AS oldest_ready
 	FROM {table} WHERE {waiting}
 ), held AS (
 	SELECT count(*) AS n, min(created_at) AS oldest FROM {table} WHERE {held}
 ), parked AS (
-	SELECT count(*) AS n FROM {table} WHERE {parked}
+	SELECT count(*) AS n, min(created_at) AS oldest FROM {table} WHERE {parked}
 )
-SELECT live.n + held.n, live.claimed, parked.n,
-       coalesce(extract(epoch FROM now() - least(live.oldest, held.oldest))::float8, 0),
+SELECT live.ready, live.in_flight, live.delayed, held.n, parked.n,
+       coalesce(extract(epoch FROM now() - least(live.oldest, held.oldest, parked.oldest))::float8, 0),
+       coalesce(extract(epoch FROM now() - live.oldest_ready)::float8, 0),
        (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour' AND discarded_at IS NULL),
-       (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> ''),
-       held.n
+       (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> '')
 FROM live, held, parked`),
 
 		parked: r2(`SELECT {columns} FROM {table} AS o
@@ -150,14 +165,18 @@ LIMIT $1`),
 		discard: r2(changing(`published_at = now(), discarded_at = now()`, `id = ANY($1::uuid[]) AND {parked}`)),
 
 		// Each part is answered by a partial index. The counts stop at $1.
-		// Pending is waiting plus held, added up by Gauges.
+		// Pending is their sum, added up by Gauges.
 		gauges: r2(`SELECT
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} LIMIT $1) AS p),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {ready} LIMIT $1) AS r),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {in_flight} LIMIT $1) AS f),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {delayed} LIMIT $1) AS d),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1),
-		(SELECT created_at FROM {table} WHERE {held} ORDER BY seq LIMIT 1)))::float8, 0),
+		(SELECT created_at FROM {table} WHERE {held} ORDER BY seq LIMIT 1),
+		(SELECT min(created_at) FROM {table} WHERE {parked})))::float8, 0),
+	coalesce(extract(epoch FROM now() - (SELECT created_at FROM {table} WHERE {waiting} AND {ready} ORDER BY seq LIMIT 1))::float8, 0),
 	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b)`),
 
 		purgeable: r2(`SELECT count(*) FROM {table}

@@ -47,15 +47,20 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "table\t%s\n", c.table)
 	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
-	fmt.Fprintf(w, "claimed\t%d\n", st.Claimed)
-	fmt.Fprintf(w, "held\t%d\n", st.Held)
+	fmt.Fprintf(w, "  ready\t%d\n", st.Ready)
+	fmt.Fprintf(w, "  in flight\t%d\n", st.InFlight)
+	fmt.Fprintf(w, "  delayed\t%d\n", st.Delayed)
+	fmt.Fprintf(w, "  held\t%d\n", st.Held)
+	fmt.Fprintf(w, "  parked\t%d\n", st.Parked)
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
-	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
+	fmt.Fprintf(w, "oldest ready\t%s\n", st.OldestReadyAge.Round(time.Second))
 	if ordered {
 		fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
 	}
 	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
-	fmt.Fprintf(w, "\npending: waiting to be published, claimed and held ones included, parked ones not (as outbox_pending)\n")
+	fmt.Fprintf(w, "\npending: every message not yet published, the five below it added up (as outbox_pending)\n")
+	fmt.Fprintf(w, "ready: claimable now (outbox_ready); in flight: claimed by a relay; delayed: backing off after a failure\n")
+	fmt.Fprintf(w, "parked: out of attempts, waiting for an operator\n")
 	if ordered {
 		fmt.Fprintf(w, "held: in ordered mode, behind a failed message of their key; blocked keys: keys with a parked message\n")
 	}

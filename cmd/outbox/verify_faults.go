@@ -30,7 +30,7 @@ func (v *verifier) inFlight(ctx context.Context) *int64 {
 	if err != nil {
 		return nil
 	}
-	return &st.Claimed
+	return &st.InFlight
 }
 
 // inject applies one fault to a relay chosen at random, and records it
