@@ -191,8 +191,8 @@ func TestOrderedOperatorCommands(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "give the ids of the parked messages")
 	code, _, errOut = outboxCmd(t, nil, "discard", "--table", table, "nope")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, `"nope" is not a message id`)
+	require.Equal(t, 2, code, "a usage error, found before anything is read (issue 47, item 12)")
+	require.Contains(t, errOut, `"nope", is not a message id`)
 }
 
 func TestRelayDaemon(t *testing.T) {
