@@ -267,8 +267,8 @@ func (c *common) positive(vals map[string]int64) error {
 }
 
 // checkRate refuses a --rate that is not a number of messages per second
-// from 0 (from just above it unless zeroOK) to maxRate: NaN compares false
-// with every bound, so it passed them.
+// from 0 (from minRate unless zeroOK) to maxRate: NaN compares false with
+// every bound, so it passed them.
 func (c *common) checkRate(rate float64, zeroOK bool) error {
 	bounds := fmt.Sprintf("between 0 and %d", maxRate)
 	if !zeroOK {
@@ -279,9 +279,16 @@ func (c *common) checkRate(rate float64, zeroOK bool) error {
 		return c.usageError("--rate %g is not a number of messages per second: give one %s", rate, bounds)
 	case rate < 0 || (rate == 0 && !zeroOK) || rate > maxRate:
 		return c.usageError("--rate must be %s messages per second (got %g)", bounds, rate)
+	case rate > 0 && rate < minRate:
+		// The interval between writes would overflow a time.Duration
+		// (and, negative, make the writers write as fast as they can).
+		return c.usageError("--rate %g is too slow: at least %g messages per second (one every %s)", rate, minRate, time.Duration(float64(time.Second)/minRate))
 	}
 	return nil
 }
+
+// minRate is the slowest --rate above 0.
+const minRate = 0.001
 
 // open connects to the database, with errors that say what to do, and
 // returns a store on the command's table configured by cfg (nil: defaults).

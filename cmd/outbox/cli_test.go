@@ -195,7 +195,7 @@ func TestOrderedOperatorCommands(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "give the ids of the parked messages")
 	code, _, errOut = outboxCmd(t, nil, "discard", "--table", table, "nope")
-	require.Equal(t, 2, code, "a malformed id is refused before anything is done")
+	require.Equal(t, 2, code, "a usage error, found before anything is read (issue 47, item 12)")
 	require.Contains(t, errOut, `"nope", is not a message id`)
 }
 

@@ -311,6 +311,8 @@ func TestValuesThatCannotWorkAreRefused(t *testing.T) {
 		{[]string{"bench", "--rate", "NaN"}, "--rate NaN is not a number of messages per second: give one between 0 and 1000000"},
 		{[]string{"bench", "--rate", "+Inf"}, "--rate +Inf is not a number"},
 		{[]string{"bench", "--rate", "-1"}, "--rate must be between 0 and 1000000 messages per second (got -1)"},
+		{[]string{"bench", "--rate", "1e-12"}, "--rate 1e-12 is too slow: at least 0.001 messages per second (one every 16m40s)"},
+		{[]string{"verify", "--rate", "0.0009"}, "--rate 0.0009 is too slow"},
 		{[]string{"convert", "--to", "ordered", "--lock-timeout", "-1s"}, "--lock-timeout must be at least 1ms (got -1s)"},
 		{[]string{"convert", "--to", "log", "--lock-timeout", "0"}, "--lock-timeout must be at least 1ms (got 0s)"},
 	} {

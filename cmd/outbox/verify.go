@@ -168,13 +168,42 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	sfx := hex.EncodeToString(b[:])
-	v.table, v.exchange, v.queue = "outbox_verify_"+sfx, "outbox.verify."+sfx, "outbox.verify."+sfx
+	v.table, v.exchange, v.queue = verifyTablePrefix+sfx, verifyAMQPPrefix+sfx, verifyAMQPPrefix+sfx
 	v.committed, v.arrived, v.firstByKey = map[string]time.Time{}, map[string]time.Time{}, map[string][]string{}
+
+	conn, err := v.c.dialFirst(ctx, v.dialer, v.amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// What killed runs left behind (the process cannot clean up after a
+	// SIGKILL) goes before this run adds its own.
+	removed, err := v.removeLeftovers(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if len(removed) > 0 {
+		fmt.Fprintf(v.c.stderr, "verify: removed what %d earlier run(s) left behind, killed before they could: %s (tables, exchanges and queues)\n", len(removed), strings.Join(removed, ", "))
+	}
+
 	what := "removed at the end"
 	if v.o.keep {
-		what = "kept (--keep)"
+		what = "kept (--keep: later runs leave them alone; drop them by hand, the table " + v.table + "_alive included)"
 	}
 	fmt.Fprintf(v.c.stderr, "verify: scratch table %s, exchange and queue %s, %s\n", v.table, v.exchange, what)
+	// The heartbeat first, the objects after it: a table without one is
+	// a leftover for the runs after this one. Deferred calls run last in
+	// first out: the tables go after the queues, the heartbeat last.
+	stopBeat, err := v.startHeartbeat(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if v.o.keep {
+		defer v.keepForever(context.WithoutCancel(ctx))
+	} else {
+		defer v.db.ExecContext(context.WithoutCancel(ctx), dropRun(v.table)) //nolint:errcheck
+	}
+	defer stopBeat()
 
 	ordering := outbox.Unordered
 	if v.o.ordered {
@@ -193,24 +222,10 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	}
 	v.store = store
 	if !v.o.keep {
-		defer v.db.ExecContext(context.WithoutCancel(ctx), dropScratch(v.table)+`; DROP TABLE IF EXISTS "`+v.table+`_inbox", "`+v.table+`_effects"`) //nolint:errcheck
+		defer deleteRunAMQP(conn, sfx)
 	}
-	conn, err := v.c.dialFirst(ctx, v.dialer, v.amqpURL)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
 	if err := v.declare(ctx, conn); err != nil {
 		return nil, err
-	}
-	if !v.o.keep {
-		defer func() {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(v.queue, false, false, false)
-				_, _ = ch.QueueDelete(v.queue+".inbox", false, false, false)
-				_ = ch.ExchangeDelete(v.exchange, false, false)
-			}
-		}()
 	}
 
 	// The relays reach PostgreSQL and RabbitMQ through proxies of

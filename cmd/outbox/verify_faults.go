@@ -100,6 +100,7 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 			defer g.wg.Done()
 			for {
 				cmd := exec.Command(exe, args...)
+				cmd.SysProcAttr = childAttr()
 				cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "AMQP_URL="+amqpURL)
 				g.mu.Lock()
 				if g.stopped {
