@@ -53,11 +53,15 @@ const freshCTE = `fresh AS (
 	UNION ALL
 	(SELECT o.created_at FROM {table} AS o WHERE NOT EXISTS (SELECT 1 FROM l) LIMIT $1))`
 
-// unsettledFrom is the latest gen of each batch, its columns and the count
-// of its messages not yet published or failed (remaining).
+// unsettledFrom is the latest gen of each batch, its columns, the count of
+// its messages not yet published or failed (remaining), and whether a relay
+// still holds it (taken): its lease runs, and it was not released (a claim
+// takes a released batch over at once, see unfinishedSQL).
 const unsettledFrom = `(SELECT b.*,
 	b.n - (SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d
-	       WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f')) AS remaining
+	       WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f')) AS remaining,
+	b.lease_until > now()
+	  AND NOT EXISTS (SELECT 1 FROM {settle} AS r WHERE r.batch_id = b.batch_id AND r.gen = b.gen AND r.kind = 'r') AS taken
 	FROM {batch} AS b WHERE NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)) AS u`
 
 // The states of a message of the failed table that is neither published
@@ -80,7 +84,7 @@ u AS (SELECT * FROM `+unsettledFrom+` WHERE u.remaining > 0),
 f AS (SELECT * FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL)
 SELECT (SELECT count(*) FROM fresh),
 	(SELECT coalesce(sum(remaining), 0) FROM u),
-	(SELECT coalesce(sum(remaining), 0) FROM u WHERE lease_until > now()),
+	(SELECT coalesce(sum(remaining), 0) FROM u WHERE taken),
 	(SELECT count(*) FROM f WHERE `+logFailedInFlight+`),
 	(SELECT count(*) FROM f WHERE `+logFailedReady+`),
 	(SELECT count(*) FROM f WHERE `+logFailedDelayed+`),
@@ -92,7 +96,7 @@ SELECT (SELECT count(*) FROM fresh),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f))), 0),
 	coalesce(extract(epoch FROM now() - least(
-		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u WHERE lease_until <= now()),
+		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u WHERE NOT taken),
 		(SELECT min(created_at) FROM f WHERE `+logFailedReady+`))), 0)`),
 		limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedDelayed, &c.held, &c.parked,
 		&c.published, &c.blockedKeys, &c.oldest, &c.oldestReady)
