@@ -89,8 +89,8 @@
 //     [Stats.OldestReadyAge], not on pending, which counts parked ones.
 //   - claimed (in flight): leased to a relay until its claim expires
 //     ([Stats.InFlight]).
-//   - backing off (delayed): failed, and not claimable until its backoff
-//     has passed ([Stats.Delayed]).
+//   - backing off (retrying): failed, and not claimable until its backoff
+//     has passed ([Stats.Retrying]).
 //   - parked: failed [StoreConfig.MaxAttempts] times; waits for an
 //     operator ([Store.Retry], [Store.Discard]).
 //   - discarded: given up on by an operator; its row stays until purged.

@@ -21,10 +21,10 @@ import (
 // whose lease has not expired in flight, the others ready to be taken
 // over), failed ones and those held behind them in the failed table.
 type logCounts struct {
-	fresh, unsettled, unsettledInFlight                      int64
-	failedInFlight, failedReady, failedDelayed, held, parked int64
-	published, blockedKeys                                   int64
-	oldest, oldestReady                                      float64
+	fresh, unsettled, unsettledInFlight                       int64
+	failedInFlight, failedReady, failedRetrying, held, parked int64
+	published, blockedKeys                                    int64
+	oldest, oldestReady                                       float64
 }
 
 func (ls *logStore) r() *strings.Replacer {
@@ -67,13 +67,13 @@ const unsettledFrom = `(SELECT b.*,
 // The states of a message of the failed table that is neither published
 // nor discarded (f below): parked; else in flight (claimed); else held (on
 // an ordered table, set aside behind a failed message of its key: it never
-// failed itself) ; else ready or delayed (waiting out its backoff).
+// failed itself) ; else ready or retrying (waiting out its backoff).
 const (
 	logFailedInFlight = `parked_at IS NULL AND claimed_until > now()`
 	logFailedFree     = `parked_at IS NULL AND (claimed_until IS NULL OR claimed_until <= now())`
 	logFailedHeld     = logFailedFree + ` AND last_error IS NULL`
 	logFailedReady    = logFailedFree + ` AND last_error IS NOT NULL AND available_at <= now()`
-	logFailedDelayed  = logFailedFree + ` AND last_error IS NOT NULL AND available_at > now()`
+	logFailedRetrying = logFailedFree + ` AND last_error IS NOT NULL AND available_at > now()`
 )
 
 func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
@@ -87,7 +87,7 @@ SELECT (SELECT count(*) FROM fresh),
 	(SELECT coalesce(sum(remaining), 0) FROM u WHERE taken),
 	(SELECT count(*) FROM f WHERE `+logFailedInFlight+`),
 	(SELECT count(*) FROM f WHERE `+logFailedReady+`),
-	(SELECT count(*) FROM f WHERE `+logFailedDelayed+`),
+	(SELECT count(*) FROM f WHERE `+logFailedRetrying+`),
 	(SELECT count(*) FROM f WHERE `+logFailedHeld+`),
 	(SELECT count(*) FROM f WHERE parked_at IS NOT NULL),
 	(SELECT coalesce(sum(cardinality(seqs)), 0) FROM {settle} WHERE kind = 'p' AND at > now() - interval '1 hour')
@@ -98,7 +98,7 @@ SELECT (SELECT count(*) FROM fresh),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u WHERE NOT taken),
 		(SELECT min(created_at) FROM f WHERE `+logFailedReady+`))), 0)`),
-		limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedDelayed, &c.held, &c.parked,
+		limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedRetrying, &c.held, &c.parked,
 		&c.published, &c.blockedKeys, &c.oldest, &c.oldestReady)
 	if err != nil {
 		return logCounts{}, fmt.Errorf("outbox: counting messages of %s: %w", ls.s.t.full, err)
@@ -111,7 +111,7 @@ SELECT (SELECT count(*) FROM fresh),
 func (c logCounts) ready() int64    { return c.fresh + c.unsettled - c.unsettledInFlight + c.failedReady }
 func (c logCounts) inFlight() int64 { return c.unsettledInFlight + c.failedInFlight }
 func (c logCounts) pending() int64 {
-	return c.ready() + c.inFlight() + c.failedDelayed + c.held + c.parked
+	return c.ready() + c.inFlight() + c.failedRetrying + c.held + c.parked
 }
 
 func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
@@ -120,7 +120,7 @@ func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{
-		Pending: c.pending(), Ready: c.ready(), InFlight: c.inFlight(), Claimed: c.inFlight(), Delayed: c.failedDelayed,
+		Pending: c.pending(), Ready: c.ready(), InFlight: c.inFlight(), Claimed: c.inFlight(), Retrying: c.failedRetrying,
 		Held: c.held, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys,
 		OldestPendingAge: seconds(c.oldest), OldestReadyAge: seconds(c.oldestReady),
 	}, nil
@@ -132,11 +132,11 @@ func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges
 		return Gauges{}, err
 	}
 	g := Gauges{
-		Ready: min(c.ready(), limit), InFlight: min(c.inFlight(), limit), Delayed: min(c.failedDelayed, limit),
+		Ready: min(c.ready(), limit), InFlight: min(c.inFlight(), limit), Retrying: min(c.failedRetrying, limit),
 		Held: min(c.held, limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys,
 		OldestPendingAge: seconds(c.oldest), OldestReadyAge: seconds(c.oldestReady),
 	}
-	g.Pending = min(g.Ready+g.InFlight+g.Delayed+g.Held+g.Parked, limit)
+	g.Pending = min(g.Ready+g.InFlight+g.Retrying+g.Held+g.Parked, limit)
 	return g, nil
 }
 

@@ -13,10 +13,10 @@ import (
 
 // Pending returns how many messages wait to be published: every message
 // not yet published nor discarded, whatever it waits for. Ready, claimed
-// (in flight), backing off (delayed), held behind a failed message of their
+// (in flight), backing off (retrying), held behind a failed message of their
 // key and parked ones (which exhausted their attempts and wait for an
 // operator) are all counted, as the store's contract says. The views that
-// tell them apart are Stats' and Gauges' Ready, InFlight, Delayed, Held and
+// tell them apart are Stats' and Gauges' Ready, InFlight, Retrying, Held and
 // Parked, which add up to Pending; Pending means this everywhere: Stats,
 // Gauges, the metrics (outbox.pending) and `outbox status`. To alert on
 // messages that should be moving, watch Ready and OldestReadyAge, which
@@ -41,7 +41,7 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 
 // Stats is a snapshot of an outbox table for operators and metrics. Each
 // message waiting to be published is in exactly one of Ready, InFlight,
-// Delayed, Held and Parked, and Pending is their sum.
+// Retrying, Held and Parked, and Pending is their sum.
 type Stats struct {
 	// Pending counts the messages waiting to be published, as
 	// Store.Pending does: ready, claimed, backing off, held and parked
@@ -59,9 +59,9 @@ type Stats struct {
 	//
 	// Deprecated: use InFlight.
 	Claimed int64
-	// Delayed counts messages that failed and wait out their backoff
+	// Retrying counts messages that failed and wait out their backoff
 	// before they may be claimed again.
-	Delayed int64
+	Retrying int64
 	// Held counts the messages set aside, on an ordered table, behind a
 	// message of their key that failed (parked or backing off); they come
 	// back when it is published, retried or discarded.
@@ -98,11 +98,11 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		st             Stats
 		oldest, oldRdy float64
 	)
-	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Ready, &st.InFlight, &st.Delayed, &st.Held, &st.Parked,
+	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Ready, &st.InFlight, &st.Retrying, &st.Held, &st.Parked,
 		&oldest, &oldRdy, &st.PublishedLastHour, &st.BlockedKeys); err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats of %s: %w", s.t.full, err)
 	}
-	st.Pending = st.Ready + st.InFlight + st.Delayed + st.Held + st.Parked
+	st.Pending = st.Ready + st.InFlight + st.Retrying + st.Held + st.Parked
 	st.Claimed = st.InFlight
 	st.OldestPendingAge, st.OldestReadyAge = seconds(oldest), seconds(oldRdy)
 	return st, nil
@@ -367,7 +367,7 @@ const GaugesLimitDefault = 100_000
 // Gauges is a snapshot of an outbox table cheap enough to take on every
 // metrics scrape, however large the table: each figure is read from a
 // partial index, and the counts stop at a limit. Its counts mean what those
-// of Stats do: Ready, InFlight, Delayed, Held and Parked add up to Pending
+// of Stats do: Ready, InFlight, Retrying, Held and Parked add up to Pending
 // (each count stopping at the limit, and Pending at five times it).
 type Gauges struct {
 	// Pending counts messages waiting to be published, as Store.Pending
@@ -378,8 +378,8 @@ type Gauges struct {
 	Ready int64
 	// InFlight counts messages under an unexpired claim, up to the limit.
 	InFlight int64
-	// Delayed counts messages waiting out a backoff, up to the limit.
-	Delayed int64
+	// Retrying counts messages waiting out a backoff, up to the limit.
+	Retrying int64
 	// Held counts the messages held, on an ordered table, behind a failed
 	// message of their key, up to the limit.
 	Held int64
@@ -421,11 +421,11 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	}
 	g := Gauges{Limit: limit}
 	var oldest, oldRdy float64
-	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Ready, &g.InFlight, &g.Delayed, &g.Held, &g.Parked,
+	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Ready, &g.InFlight, &g.Retrying, &g.Held, &g.Parked,
 		&oldest, &oldRdy, &g.BlockedKeys); err != nil {
 		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
 	}
-	g.Pending = min(g.Ready+g.InFlight+g.Delayed+g.Held+g.Parked, limit)
+	g.Pending = min(g.Ready+g.InFlight+g.Retrying+g.Held+g.Parked, limit)
 	g.OldestPendingAge, g.OldestReadyAge = seconds(oldest), seconds(oldRdy)
 	return g, nil
 }

@@ -79,7 +79,7 @@ func TestPendingCountsEveryWaitingMessage(t *testing.T) {
 
 			// On an ordered table p2 is held behind its parked key: a
 			// claim sets it aside (log) or Reconcile holds it (rows).
-			want := outbox.Stats{Ready: 1, InFlight: 1, Claimed: 1, Delayed: 1, Parked: 1, BlockedKeys: 1}
+			want := outbox.Stats{Ready: 1, InFlight: 1, Claimed: 1, Retrying: 1, Parked: 1, BlockedKeys: 1}
 			if c.ordered {
 				b.addCommitted(t, keyed("p", 2))
 				_, got := claimed(t, b.store, 10)
@@ -91,7 +91,7 @@ func TestPendingCountsEveryWaitingMessage(t *testing.T) {
 
 			// r1 is ready: nothing claimed it yet.
 			b.addCommitted(t, keyed("r", 1))
-			want.Pending = want.Ready + want.InFlight + want.Delayed + want.Held + want.Parked
+			want.Pending = want.Ready + want.InFlight + want.Retrying + want.Held + want.Parked
 
 			pending, err := b.store.Pending(ctx)
 			require.NoError(t, err)
@@ -105,8 +105,8 @@ func TestPendingCountsEveryWaitingMessage(t *testing.T) {
 
 			g, err := b.store.Gauges(ctx, 0)
 			require.NoError(t, err)
-			require.Equal(t, [6]int64{want.Pending, want.Ready, want.InFlight, want.Delayed, want.Held, want.Parked},
-				[6]int64{g.Pending, g.Ready, g.InFlight, g.Delayed, g.Held, g.Parked}, "Gauges count as Stats does")
+			require.Equal(t, [6]int64{want.Pending, want.Ready, want.InFlight, want.Retrying, want.Held, want.Parked},
+				[6]int64{g.Pending, g.Ready, g.InFlight, g.Retrying, g.Held, g.Parked}, "Gauges count as Stats does")
 			require.InDelta(t, st.OldestPendingAge.Seconds(), g.OldestPendingAge.Seconds(), 0.5)
 			require.InDelta(t, st.OldestReadyAge.Seconds(), g.OldestReadyAge.Seconds(), 0.5)
 

@@ -29,11 +29,11 @@ const (
 
 // A waiting message (above) is in exactly one of three states: ready (a
 // relay may claim it now), in flight (claimed, its lease not expired) or
-// delayed (waiting out a backoff).
+// retrying (waiting out a backoff).
 const (
 	ready    = `available_at <= now() AND (claimed_until IS NULL OR claimed_until <= now())`
 	inFlight = `claimed_until > now()`
-	delayed  = `available_at > now() AND (claimed_until IS NULL OR claimed_until <= now())`
+	retrying = `available_at > now() AND (claimed_until IS NULL OR claimed_until <= now())`
 )
 
 // unheldCTE, appended to a statement whose CTE "changed" returns the
@@ -89,7 +89,7 @@ const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts 
 
 func newQueries(t table, ordered bool) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{ordered_now}", t.orderedNow(), "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
-		"{ready}", ready, "{in_flight}", inFlight, "{delayed}", delayed,
+		"{ready}", ready, "{in_flight}", inFlight, "{retrying}", retrying,
 		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing,
 		"{async}", asyncCondition)
 	// Nested texts are replaced in two steps.
@@ -127,12 +127,12 @@ RETURNING attempts, parked_at IS NOT NULL`),
 	(SELECT count(*) FROM {table} WHERE {held}) +
 	(SELECT count(*) FROM {table} WHERE {parked})`),
 
-		// Ready, in flight, delayed, held, parked (their sum is Pending),
+		// Ready, in flight, retrying, held, parked (their sum is Pending),
 		// the ages of the oldest pending and of the oldest ready message.
 		stats: r2(`WITH live AS (
 	SELECT count(*) FILTER (WHERE {ready}) AS ready,
 	       count(*) FILTER (WHERE {in_flight}) AS in_flight,
-	       count(*) FILTER (WHERE {delayed}) AS delayed,
+	       count(*) FILTER (WHERE {retrying}) AS retrying,
 	       min(created_at) AS oldest,
 	       min(created_at) FILTER (WHERE {ready}) AS oldest_ready
 	FROM {table} WHERE {waiting}
@@ -141,7 +141,7 @@ RETURNING attempts, parked_at IS NOT NULL`),
 ), parked AS (
 	SELECT count(*) AS n, min(created_at) AS oldest FROM {table} WHERE {parked}
 )
-SELECT live.ready, live.in_flight, live.delayed, held.n, parked.n,
+SELECT live.ready, live.in_flight, live.retrying, held.n, parked.n,
        coalesce(extract(epoch FROM now() - least(live.oldest, held.oldest, parked.oldest))::float8, 0),
        coalesce(extract(epoch FROM now() - live.oldest_ready)::float8, 0),
        (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour' AND discarded_at IS NULL),
@@ -169,7 +169,7 @@ LIMIT $1`),
 		gauges: r2(`SELECT
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {ready} LIMIT $1) AS r),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {in_flight} LIMIT $1) AS f),
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {delayed} LIMIT $1) AS d),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {retrying} LIMIT $1) AS d),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
 	coalesce(extract(epoch FROM now() - least(

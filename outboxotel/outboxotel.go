@@ -49,7 +49,7 @@ type Config struct {
 	// Store, when set, adds the gauges of the table's messages by state,
 	// which mean what Store.Gauges' fields do: outbox.pending (every
 	// message not yet published, parked ones included), outbox.ready
-	// (claimable now), outbox.in_flight, outbox.delayed, outbox.held,
+	// (claimable now), outbox.in_flight, outbox.retrying, outbox.held,
 	// outbox.parked, outbox.oldest_pending.age, outbox.oldest_ready.age and
 	// outbox.keys.blocked, read on every collection with Store.Gauges: from
 	// partial indexes, counts stopping at GaugesLimit. Alert on what should
@@ -164,12 +164,12 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		return g
 	}
 	pending := intGauge("outbox.pending", "{message}",
-		"Messages waiting to be published, all of them (ready, in flight, delayed, held and parked: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from partial indexes: a value at the limit means at least that many")
+		"Messages waiting to be published, all of them (ready, in flight, retrying, held and parked: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from partial indexes: a value at the limit means at least that many")
 	readyMsgs := intGauge("outbox.ready", "{message}",
 		"Messages a relay may claim now (neither claimed, backing off, held nor parked), counted up to a limit: what should be moving")
 	inFlight := intGauge("outbox.in_flight", "{message}",
 		"Messages claimed by a relay under an unexpired lease, counted up to a limit")
-	delayed := intGauge("outbox.delayed", "{message}",
+	retrying := intGauge("outbox.retrying", "{message}",
 		"Messages waiting out the backoff after a failed attempt, counted up to a limit")
 	held := intGauge("outbox.held", "{message}",
 		"Messages held, in ordered mode, behind a failed message of their key, counted up to a limit")
@@ -221,10 +221,10 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		obs.ObserveInt64(held, g.Held, attrs)
 		obs.ObserveInt64(readyMsgs, g.Ready, attrs)
 		obs.ObserveInt64(inFlight, g.InFlight, attrs)
-		obs.ObserveInt64(delayed, g.Delayed, attrs)
+		obs.ObserveInt64(retrying, g.Retrying, attrs)
 		obs.ObserveFloat64(oldestReady, g.OldestReadyAge.Seconds(), attrs)
 		return nil
-	}, pending, parked, oldest, blocked, held, readyMsgs, inFlight, delayed, oldestReady, readyGauge, unrouted)
+	}, pending, parked, oldest, blocked, held, readyMsgs, inFlight, retrying, oldestReady, readyGauge, unrouted)
 	o.reg = reg
 	return err
 }

@@ -106,9 +106,9 @@ func TestObserverRecordsMetrics(t *testing.T) {
 		require.True(t, ok, "%s is an int64 gauge", name)
 		return g.DataPoints[0].Value
 	}
-	require.Equal(t, map[string]int64{"outbox.pending": 3, "outbox.ready": 1, "outbox.in_flight": 1, "outbox.delayed": 0, "outbox.held": 0, "outbox.parked": 1},
+	require.Equal(t, map[string]int64{"outbox.pending": 3, "outbox.ready": 1, "outbox.in_flight": 1, "outbox.retrying": 0, "outbox.held": 0, "outbox.parked": 1},
 		map[string]int64{"outbox.pending": gauge("outbox.pending"), "outbox.ready": gauge("outbox.ready"), "outbox.in_flight": gauge("outbox.in_flight"),
-			"outbox.delayed": gauge("outbox.delayed"), "outbox.held": gauge("outbox.held"), "outbox.parked": gauge("outbox.parked")})
+			"outbox.retrying": gauge("outbox.retrying"), "outbox.held": gauge("outbox.held"), "outbox.parked": gauge("outbox.parked")})
 	require.Equal(t, "s", got["outbox.oldest_ready.age"].Unit)
 	require.EqualValues(t, 0, got["outbox.keys.blocked"].Data.(metricdata.Gauge[int64]).DataPoints[0].Value)
 	require.Equal(t, "s", got["outbox.oldest_pending.age"].Unit)

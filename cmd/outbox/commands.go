@@ -49,7 +49,7 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
 	fmt.Fprintf(w, "  ready\t%d\n", st.Ready)
 	fmt.Fprintf(w, "  in flight\t%d\n", st.InFlight)
-	fmt.Fprintf(w, "  delayed\t%d\n", st.Delayed)
+	fmt.Fprintf(w, "  retrying\t%d\n", st.Retrying)
 	fmt.Fprintf(w, "  held\t%d\n", st.Held)
 	fmt.Fprintf(w, "  parked\t%d\n", st.Parked)
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
@@ -59,7 +59,7 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	}
 	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
 	fmt.Fprintf(w, "\npending: every message not yet published, the five below it added up (as outbox_pending)\n")
-	fmt.Fprintf(w, "ready: claimable now (outbox_ready); in flight: claimed by a relay; delayed: backing off after a failure\n")
+	fmt.Fprintf(w, "ready: claimable now (outbox_ready); in flight: claimed by a relay; retrying: failed, waiting out its backoff\n")
 	fmt.Fprintf(w, "parked: out of attempts, waiting for an operator\n")
 	if ordered {
 		fmt.Fprintf(w, "held: in ordered mode, behind a failed message of their key; blocked keys: keys with a parked message\n")

@@ -94,7 +94,7 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 		"messaging_client_sent_messages_total", "messaging_client_operation_duration_seconds_bucket",
 		"outbox_lag_seconds_bucket", "outbox_messages_claimed_total", "outbox_claim_duration_seconds_count",
 		"outbox_settle_duration_seconds_count", "outbox_pending", "outbox_parked", "outbox_oldest_pending_age_seconds", "outbox_keys_blocked",
-		"outbox_held", "outbox_unroutable_total", "outbox_ready", "outbox_in_flight", "outbox_delayed", "outbox_oldest_ready_age_seconds",
+		"outbox_held", "outbox_unroutable_total", "outbox_ready", "outbox_in_flight", "outbox_retrying", "outbox_oldest_ready_age_seconds",
 	} {
 		require.Contains(t, metrics, "\n"+name, "metric %s in:\n%s", name, metrics)
 	}
