@@ -1,0 +1,99 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// What a table of LayoutLog must have for relays to work on it, checked
+// when a Store first reads the table (Store.Layout) and again when a
+// statement says something is missing: the objects of the layout, and a
+// marker row (in the meta table, <table>_log) whose sizes are those the
+// tables are partitioned by. The relays compute partitions from those
+// sizes: a row edited by hand (chunk = 0) made them divide by zero.
+
+// sqlLit quotes s as an SQL string literal.
+func sqlLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// The sizes a table of LayoutLog is partitioned by, as PostgreSQL prints
+// its partition keys (pg_get_partkeydef): LIST ((((seq / 1000000) %
+// (16)::bigint))).
+var (
+	logPartKey   = regexp.MustCompile(`^LIST \(+seq / (\d+)\) % \((\d+)\)::bigint\)+$`)
+	batchPartKey = regexp.MustCompile(`^LIST \(+batch_id / (\d+)\) % \((\d+)\)::bigint\)+$`)
+)
+
+// partSizes reads the chunk and the partition count of a partition key.
+func partSizes(re *regexp.Regexp, def sql.NullString) (chunk, parts int64, ok bool) {
+	m := re.FindStringSubmatch(def.String)
+	if m == nil {
+		return 0, 0, false
+	}
+	if _, err := fmt.Sscan(m[1], &chunk); err != nil {
+		return 0, 0, false
+	}
+	if _, err := fmt.Sscan(m[2], &parts); err != nil {
+		return 0, 0, false
+	}
+	return chunk, parts, true
+}
+
+// readLogTables reads and checks the marker row and the objects of a
+// table of LayoutLog, and returns its sizes in l, with the comment of its
+// claim function. A table that is not fit for relaying is refused with an
+// error wrapping ErrInvalidTable that says what is wrong; when `outbox
+// schema --apply` can mend it, the layout returned is LayoutLog (so that
+// the command applies the log layout's DDL), else 0.
+func (s *Store) readLogTables(ctx context.Context, db *sql.DB, l logTables) (_ logTables, claimMark string, _ Layout, _ error) {
+	var (
+		rows                                  int64
+		version, chunk, parts, bchunk, bparts sql.NullInt64
+		key, bkey                             sql.NullString
+		hasClaim                              bool
+	)
+	err := db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM `+l.meta+`), m.version, m.chunk, m.parts, m.batch_chunk, m.batch_parts,
+	pg_get_partkeydef(`+sqlLit(s.t.quoted)+`::regclass), pg_get_partkeydef(to_regclass(`+sqlLit(l.batch)+`)),
+	to_regprocedure($1) IS NOT NULL, coalesce(obj_description(to_regprocedure($1), 'pg_proc'), '')
+FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM `+l.meta+` ORDER BY version DESC LIMIT 1) AS m ON true`, l.claimFn+logClaimArgs).
+		Scan(&rows, &version, &chunk, &parts, &bchunk, &bparts, &key, &bkey, &hasClaim, &claimMark)
+	if err != nil {
+		return l, "", 0, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+	}
+	repair := "`outbox schema --layout log --apply --table " + s.t.full + "` (Store.CreateLogSchemaIfAbsent)"
+	kchunk, kparts, ok := partSizes(logPartKey, key)
+	if !ok || kchunk < 1 || kparts < 3 {
+		return l, "", 0, fmt.Errorf("%w: %s has the marker table of the log layout (%s), but it is not partitioned as the log layout partitions its events (by %s): is it an outbox table?",
+			ErrInvalidTable, s.t.full, l.meta, key.String)
+	}
+	l.chunk, l.parts = kchunk, kparts
+	if rows == 0 {
+		return l, "", LayoutLog, fmt.Errorf("%w: %s is a table of the log layout whose marker row is missing (%s is empty: deleted by hand?): %s makes it again",
+			ErrInvalidTable, s.t.full, l.meta, repair)
+	}
+	if version.Int64 < logVersion {
+		return l, "", LayoutLog, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
+			ErrInvalidTable, s.t.full, version.Int64, logVersion)
+	}
+	if version.Int64 != logVersion {
+		return l, "", 0, fmt.Errorf("%w: %s has the log layout of version %d, which this version of the library (log layout %d) does not know",
+			ErrInvalidTable, s.t.full, version.Int64, logVersion)
+	}
+	kbchunk, kbparts, bok := partSizes(batchPartKey, bkey)
+	if !bkey.Valid {
+		bok = true // the batch table is missing: said below
+		kbchunk, kbparts = bchunk.Int64, logBatchParts
+	}
+	if !bok || kbchunk < 1 || kbparts != logBatchParts {
+		return l, "", 0, fmt.Errorf("%w: the batch table of %s (%s) is not partitioned as the log layout partitions it (by %s): is it an outbox table?",
+			ErrInvalidTable, s.t.full, l.batch, bkey.String)
+	}
+	l.batchChunk = kbchunk
+	if rows > 1 || chunk.Int64 != kchunk || parts.Int64 != kparts || bchunk.Int64 != kbchunk || bparts.Int64 != kbparts {
+		return l, "", LayoutLog, fmt.Errorf("%w: the marker row of %s (in %s) says chunk %d, parts %d, batch_chunk %d, batch_parts %d (%d row(s)), but its tables are partitioned by chunk %d, parts %d, batch_chunk %d, batch_parts %d (one row): it was changed by hand; %s sets it back",
+			ErrInvalidTable, s.t.full, l.meta, chunk.Int64, parts.Int64, bchunk.Int64, bparts.Int64, rows, kchunk, kparts, kbchunk, kbparts, repair)
+	}
+	return l, claimMark, LayoutLog, nil
+}

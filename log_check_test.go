@@ -1,0 +1,68 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
+)
+
+// freshStore is a Store on table that has not read its layout yet.
+func freshStore(t *testing.T, db *sql.DB, table string) *outbox.Store {
+	t.Helper()
+	s, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
+	require.NoError(t, err)
+	return s
+}
+
+// Issue 47, item 5: a marker row edited or deleted by hand is refused with
+// an error wrapping ErrInvalidTable that says what is wrong (chunk = 0
+// made the relays divide by zero, parts = -3 was taken), and `outbox
+// schema --apply` (CreateLogSchemaIfAbsent) sets it back from what the
+// tables are partitioned by, not from the defaults.
+func TestLogMetaRowCheckedAndRepaired(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupLogSized(t, nil, 10, 4, 4)
+	b.addCommitted(t, events(3)...)
+	for _, c := range []struct{ edit, says string }{
+		{`UPDATE {meta} SET chunk = 0`, "says chunk 0, parts 4"},
+		{`UPDATE {meta} SET chunk = -1`, "says chunk -1"},
+		{`UPDATE {meta} SET chunk = 7`, "says chunk 7"},
+		{`UPDATE {meta} SET parts = 0`, "parts 0"},
+		{`UPDATE {meta} SET parts = -3`, "parts -3"},
+		{`UPDATE {meta} SET batch_chunk = 0`, "batch_chunk 0"},
+		{`UPDATE {meta} SET batch_chunk = -2`, "batch_chunk -2"},
+		{`UPDATE {meta} SET batch_parts = 0`, "batch_parts 0"},
+		{`INSERT INTO {meta} SELECT * FROM {meta}`, "(2 row(s))"},
+		{`DELETE FROM {meta}`, "marker row is missing"},
+	} {
+		_, err := b.db.ExecContext(ctx, strings.ReplaceAll(c.edit, "{meta}", `"`+b.table+`_log"`))
+		require.NoError(t, err)
+		s := freshStore(t, b.db, b.table)
+		l, err := s.Layout(ctx)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, c.edit)
+		require.ErrorContains(t, err, c.says, c.edit)
+		require.ErrorContains(t, err, "outbox schema --layout log --apply", c.edit)
+		require.Equal(t, outbox.LayoutLog, l, "%s: schema --apply may mend it", c.edit)
+		_, err = s.Claim(ctx, 10, time.Minute)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, c.edit)
+		require.ErrorIs(t, s.Maintain(ctx), outbox.ErrInvalidTable, c.edit)
+		t.Logf("%s: %v", c.edit, err)
+
+		require.NoError(t, freshStore(t, b.db, b.table).CreateLogSchemaIfAbsent(ctx), c.edit)
+		var version, chunk, parts, bchunk, bparts, rows int64
+		require.NoError(t, b.db.QueryRowContext(ctx, `SELECT min(version), min(chunk), min(parts), min(batch_chunk), min(batch_parts), count(*) FROM "`+b.table+`_log"`).
+			Scan(&version, &chunk, &parts, &bchunk, &bparts, &rows))
+		require.Equal(t, []int64{2, 10, 4, 4, 4, 1}, []int64{version, chunk, parts, bchunk, bparts, rows}, "%s: set back", c.edit)
+		_, err = freshStore(t, b.db, b.table).Layout(ctx)
+		require.NoError(t, err, c.edit)
+	}
+	require.Equal(t, 3, relayAll(t, freshStore(t, b.db, b.table)))
+}
