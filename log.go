@@ -590,6 +590,9 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.t.checkNotSide(ctx, db); err != nil {
+		return err
+	}
 	ddl := s.t.logSQL(s.t.logTables())
 	if s.ordering == OrderedByKey {
 		ddl += s.t.logOrderDDL(s.t.logTables())
@@ -643,6 +646,9 @@ func (s *Store) layout(ctx context.Context) (Layout, *logStore, error) {
 	defer s.layoutMu.Unlock()
 	if s.layoutKnown != 0 {
 		return s.layoutKnown, s.log, nil
+	}
+	if err := s.t.checkNotSide(ctx, db); err != nil {
+		return 0, nil, err
 	}
 	l := s.t.logTables()
 	var (

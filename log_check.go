@@ -97,3 +97,60 @@ FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM `+l.meta+` ORDER BY version DESC
 	}
 	return l, claimMark, LayoutLog, nil
 }
+
+// The objects the log layout creates beside an outbox table, by the
+// suffix of their names: none of them is an outbox table.
+var (
+	logSideSuffixes = []struct{ suffix, what string }{
+		{"_log", "marker table"}, {"_batch", "batch table"}, {"_settle", "settle table"}, {"_failed", "failed table"},
+		{"_messages", "messages view"}, {"_seq", "sequence"}, {"_ord_seq", "ord sequence"},
+		{"_rows", "rows-layout history"},
+	}
+	logSidePartition = regexp.MustCompile(`^(.+)(_p\d{2}|_batch_p\d|_settle_p\d)$`)
+)
+
+// checkNotSide refuses a table that is one of the objects the log layout
+// created beside an outbox table (its failed table, a partition, …), or
+// would be, or the sequence of a table of the rows layout: relaying it,
+// or applying a layout's DDL to it, would damage the outbox it belongs to.
+func (t table) checkNotSide(ctx context.Context, db *sql.DB) error {
+	type candidate struct{ owner, what string }
+	var cands []candidate
+	for _, sfx := range logSideSuffixes {
+		if owner, ok := strings.CutSuffix(t.name, sfx.suffix); ok && owner != "" {
+			cands = append(cands, candidate{owner, sfx.what})
+		}
+	}
+	if m := logSidePartition.FindStringSubmatch(t.name); m != nil {
+		what := "partition"
+		switch {
+		case strings.HasPrefix(m[2], "_batch_"):
+			what = "batch partition"
+		case strings.HasPrefix(m[2], "_settle_"):
+			what = "settle partition"
+		}
+		cands = append(cands, candidate{m[1], what})
+	}
+	for _, c := range cands {
+		owner := table{quoted: t.qualified(c.owner), name: c.owner, full: c.owner}
+		if i := strings.LastIndexByte(t.full, '.'); i >= 0 {
+			owner.full = t.full[:i+1] + c.owner
+		}
+		var isLog, isRows bool
+		err := db.QueryRowContext(ctx, `SELECT coalesce(c.relkind = 'p', false) AND to_regclass($2) IS NOT NULL,
+	coalesce(c.relkind = 'r', false) AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'published_at' AND NOT attisdropped)
+FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.oid`, owner.quoted, owner.qualified(c.owner+"_log")).Scan(&isLog, &isRows)
+		if err != nil {
+			return fmt.Errorf("outbox: reading the layout of %s: %w", t.full, err)
+		}
+		if isLog || (isRows && c.what == "sequence") {
+			layout := LayoutLog
+			if !isLog {
+				layout = LayoutRows
+			}
+			return fmt.Errorf("%w: %s is the %s of %s, an outbox table of the %s layout, not an outbox table: name %s (or another table) instead",
+				ErrInvalidTable, t.full, c.what, owner.full, layout, owner.full)
+		}
+	}
+	return nil
+}

@@ -66,3 +66,49 @@ func TestLogMetaRowCheckedAndRepaired(t *testing.T) {
 	}
 	require.Equal(t, 3, relayAll(t, freshStore(t, b.db, b.table)))
 }
+
+// Issue 47, item 8: the objects the log layout makes beside an outbox
+// table (and the sequence of a table of the rows layout) are refused as
+// outbox tables: relaying the failed table published its rows. The base
+// name is short: the names with suffixes stay within the limit.
+func TestSideTablesRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	logT, rowsT := dbtest.Table(t), dbtest.Table(t)
+	require.NoError(t, freshStore(t, db, logT).CreateLogSchemaIfAbsent(ctx))
+	require.NoError(t, freshStore(t, db, rowsT).CreateSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, freshStore(t, db, logT).Add(ctx, tx, events(2)...))
+	require.NoError(t, tx.Commit())
+	for name, what := range map[string]string{
+		logT + "_log": "marker table", logT + "_batch": "batch table", logT + "_settle": "settle table",
+		logT + "_failed": "failed table", logT + "_messages": "messages view", logT + "_seq": "sequence",
+		logT + "_ord_seq": "ord sequence", logT + "_rows": "rows-layout history",
+		logT + "_p00": "partition", logT + "_p15": "partition", logT + "_batch_p0": "batch partition", logT + "_settle_p3": "settle partition",
+		rowsT + "_seq": "sequence",
+	} {
+		s := freshStore(t, db, name)
+		_, err := s.Layout(ctx)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, name)
+		require.ErrorContains(t, err, "is the "+what+" of ", name)
+		require.ErrorContains(t, err, "not an outbox table", name)
+		_, err = s.Claim(ctx, 10, time.Minute)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, name)
+		require.Error(t, s.CreateLogSchemaIfAbsent(ctx), name)
+		t.Logf("%s: %v", name, err)
+	}
+	// A name with such a suffix whose owner is no outbox table is free.
+	free := logT + "x_failed"
+	require.NoError(t, freshStore(t, db, free).CreateLogSchemaIfAbsent(ctx))
+	t.Cleanup(func() { dropLog(db, free) })
+	_, err = freshStore(t, db, free).Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, relayAll(t, freshStore(t, db, logT)), "the outbox itself")
+}
+
+// dropLog drops a table of the log layout that dbtest did not name.
+func dropLog(db *sql.DB, table string) {
+	_, _ = db.Exec(`DROP VIEW IF EXISTS "` + table + `_messages"; DROP TABLE IF EXISTS "` + table + `", "` + table + `_batch", "` + table + `_settle", "` + table + `_failed", "` + table + `_log"`)
+}
