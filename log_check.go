@@ -3,9 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/acemq/outbox/internal/pgerr"
 )
 
 // What a table of LayoutLog must have for relays to work on it, checked
@@ -14,6 +17,27 @@ import (
 // marker row (in the meta table, <table>_log) whose sizes are those the
 // tables are partitioned by. The relays compute partitions from those
 // sizes: a row edited by hand (chunk = 0) made them divide by zero.
+
+// logObject is an object of a table of LayoutLog, with what it is.
+type logObject struct{ name, what string }
+
+// objects lists the relations of a table of LayoutLog that relays need:
+// every table, partition and sequence the layout's DDL creates (the view
+// is for operators, and left out).
+func (t table) logObjects(l logTables) []logObject {
+	objs := []logObject{
+		{l.batch, "batch table"}, {l.settle, "settle table"}, {l.failed, "failed table"},
+		{l.seq, "sequence"}, {l.ordSeq, "ord sequence"},
+	}
+	for i := int64(0); i < l.parts; i++ {
+		objs = append(objs, logObject{t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)), "partition"})
+	}
+	for i := int64(0); i < logBatchParts; i++ {
+		objs = append(objs, logObject{t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i)), "batch partition"},
+			logObject{t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i)), "settle partition"})
+	}
+	return objs
+}
 
 // sqlLit quotes s as an SQL string literal.
 func sqlLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -95,7 +119,72 @@ FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM `+l.meta+` ORDER BY version DESC
 		return l, "", LayoutLog, fmt.Errorf("%w: the marker row of %s (in %s) says chunk %d, parts %d, batch_chunk %d, batch_parts %d (%d row(s)), but its tables are partitioned by chunk %d, parts %d, batch_chunk %d, batch_parts %d (one row): it was changed by hand; %s sets it back",
 			ErrInvalidTable, s.t.full, l.meta, chunk.Int64, parts.Int64, bchunk.Int64, bparts.Int64, rows, kchunk, kparts, kbchunk, kbparts, repair)
 	}
+	if missing, err := s.missingLogObjects(ctx, db, l, hasClaim); err != nil {
+		return l, "", 0, err
+	} else if missing != "" {
+		return l, "", LayoutLog, fmt.Errorf("%w: %s is a table of the log layout that lacks %s (dropped by hand?): %s creates what is missing; what a dropped table held is lost (a settle or batch table: messages may be published again; the failed table: the messages that had failed are lost, restore it from a backup)",
+			ErrInvalidTable, s.t.full, missing, repair)
+	}
 	return l, claimMark, LayoutLog, nil
+}
+
+// missingLogObjects names the objects of the log table that do not exist,
+// or returns "".
+func (s *Store) missingLogObjects(ctx context.Context, db *sql.DB, l logTables, hasClaim bool) (string, error) {
+	objs := s.t.logObjects(l)
+	var q strings.Builder
+	q.WriteString("SELECT x.i FROM (VALUES ")
+	for i, o := range objs {
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		fmt.Fprintf(&q, "(%d, %s)", i, sqlLit(o.name))
+	}
+	q.WriteString(") AS x(i, name) WHERE to_regclass(x.name) IS NULL ORDER BY x.i")
+	rows, err := db.QueryContext(ctx, q.String())
+	if err != nil {
+		return "", fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+	}
+	defer rows.Close()
+	var missing []string
+	gone := map[string]bool{}
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return "", fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+		}
+		o := objs[i]
+		gone[o.what] = true
+		if parent, ok := strings.CutSuffix(o.what, " partition"); ok && gone[parent+" table"] {
+			continue // dropped with its table
+		}
+		missing = append(missing, "its "+o.what+" "+o.name)
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+	}
+	if !hasClaim {
+		missing = append(missing, "its claim function "+l.claimFn+logClaimArgs)
+	}
+	return strings.Join(missing, ", "), nil
+}
+
+// logFault explains the error of a statement on a table of LayoutLog that
+// says an object is missing (a table, a column, a function): it reads the
+// table again and, when the table is not fit for relaying, returns the
+// error that says why (it wraps ErrInvalidTable, and err); otherwise err.
+// The next call reads the table again either way.
+func (s *Store) logFault(ctx context.Context, err error) error {
+	switch pgerr.State(err) {
+	case "42P01", "42883", "42703":
+	default:
+		return err
+	}
+	s.forgetLayout()
+	if _, _, lerr := s.layout(ctx); errors.Is(lerr, ErrInvalidTable) {
+		return fmt.Errorf("%w (%v)", lerr, err)
+	}
+	return err
 }
 
 // The objects the log layout creates beside an outbox table, by the

@@ -112,3 +112,49 @@ func TestSideTablesRefused(t *testing.T) {
 func dropLog(db *sql.DB, table string) {
 	_, _ = db.Exec(`DROP VIEW IF EXISTS "` + table + `_messages"; DROP TABLE IF EXISTS "` + table + `", "` + table + `_batch", "` + table + `_settle", "` + table + `_failed", "` + table + `_log"`)
 }
+
+// Issue 47, item 10: an object of a log table dropped by hand (the claim
+// function: SQLSTATE 42883; the settle table: reported as "table does
+// not exist") is named, with the advice to apply the schema again, in an
+// error wrapping ErrInvalidTable; applying it mends the table.
+func TestLogMissingObjectNamed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	b.addCommitted(t, events(2)...)
+	for _, c := range []struct {
+		drop, says string
+		fails      bool // a claim's statement fails
+	}{
+		{`DROP FUNCTION "{t}_claim"(integer, bigint, bigint, uuid, bigint)`, `its claim function "{t}_claim"(integer, bigint, bigint, uuid, bigint)`, true},
+		{`DROP TABLE "{t}_settle" CASCADE`, `lacks its settle table "{t}_settle" (dropped`, true},
+		{`DROP TABLE "{t}_failed" CASCADE`, `its failed table "{t}_failed"`, true},
+		{`DROP TABLE "{t}_p03"`, `its partition "{t}_p03"`, false},
+	} {
+		drop, says := strings.ReplaceAll(c.drop, "{t}", b.table), strings.ReplaceAll(c.says, "{t}", b.table)
+		_, err := b.db.ExecContext(ctx, drop)
+		require.NoError(t, err)
+		if c.fails {
+			// A store that knew the table: its next statement fails,
+			// and the error says why.
+			_, err = b.store.Claim(ctx, 1, time.Minute)
+			require.ErrorIs(t, err, outbox.ErrInvalidTable, drop)
+			require.ErrorContains(t, err, says, drop)
+			require.ErrorContains(t, err, "outbox schema --layout log --apply", drop)
+			t.Logf("%s: %v", drop, err)
+		}
+		// A store that reads it afresh.
+		l, err := freshStore(t, b.db, b.table).Layout(ctx)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, drop)
+		require.ErrorContains(t, err, says, drop)
+		require.Equal(t, outbox.LayoutLog, l, "schema --apply may mend it")
+		if !c.fails {
+			t.Logf("%s: %v", drop, err)
+		}
+
+		require.NoError(t, freshStore(t, b.db, b.table).CreateLogSchemaIfAbsent(ctx), drop)
+		_, err = b.store.Layout(ctx)
+		require.NoError(t, err, drop)
+	}
+	require.Positive(t, relayAll(t, b.store))
+}

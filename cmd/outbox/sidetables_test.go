@@ -12,10 +12,11 @@ import (
 	"github.com/acemq/outbox/internal/dbtest"
 )
 
-// Issue 47, items 5 and 8 from the command line: schema --apply and relay
-// refuse a log table's side table (schema --apply altered the failed
+// Issue 47, items 5, 8 and 10 from the command line: schema --apply and
+// relay refuse a log table's side table (schema --apply altered the failed
 // table and called it ready, relay published its rows); schema --apply
-// makes a deleted marker row again (it refused the table).
+// makes a deleted marker row again; a dropped settle table is named, not
+// reported as the outbox table missing.
 func TestSideTablesCmd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -59,6 +60,19 @@ func TestSideTablesCmd(t *testing.T) {
 	code, out, errOut = outboxCmd(t, nil, "status", "--table", table)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "pending")
+
+	// A dropped settle table is named.
+	_, err = db.ExecContext(ctx, `DROP TABLE "`+table+`_settle" CASCADE`)
+	require.NoError(t, err)
+	code, _, errOut = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `lacks its settle table "`+table+`_settle"`)
+	require.NotContains(t, errOut, "does not exist in this database")
+	t.Logf("status after DROP TABLE %s_settle: %s", table, lastLine(errOut))
+	code, _, errOut = outboxCmd(t, nil, "schema", "--table", table, "--apply")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = outboxCmd(t, nil, "status", "--table", table)
+	require.Equal(t, 0, code, errOut)
 }
 
 func lastLine(s string) string {
