@@ -628,7 +628,13 @@ type layoutState struct {
 // the rows layout. A table that is neither is refused with an error
 // wrapping ErrInvalidTable; a missing table with one that says so. A table
 // of the log layout of an earlier version is LayoutLog with an error
-// wrapping ErrInvalidTable that says how to bring it up to date.
+// wrapping ErrInvalidTable that says how to bring it up to date; so is one
+// that lacks an object of the layout (its settle table, its claim
+// function, a partition, …) or whose marker row was deleted or changed by
+// hand, with an error that names what is wrong: `outbox schema --layout
+// log --apply` (CreateLogSchemaIfAbsent) mends those. The name of an
+// object the log layout makes beside an outbox table (its failed table, a
+// partition, …) is refused with ErrInvalidTable: it is not an outbox table.
 func (s *Store) Layout(ctx context.Context) (Layout, error) {
 	l, _, err := s.layout(ctx)
 	return l, err
