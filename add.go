@@ -60,11 +60,11 @@ const HeadersMaxBytes = 64 << 10
 // (the key names an aggregate; it need not be the aggregate).
 const KeyMaxBytes = 2048
 
-// keyLockSlots is how many advisory locks the writers of an ordered table
-// share: a key takes the slot its hash falls in, so that one transaction
-// takes at most this many locks however many keys it writes (a lock per key
-// ran out of shared memory at 15,000 keys), and two writers of colliding
-// keys only wait on each other.
+// keyLockSlots is how many slots the keys of an ordered table fall in, by
+// their hash: a transaction that writes more than keyLocksMax keys takes
+// whole slots for the others, so that it takes a bounded number of locks
+// however many keys it writes (a lock per key ran out of shared memory at
+// 15,000 keys).
 const keyLockSlots = 1024
 
 // Add writes events into the outbox through tx, the caller's open
@@ -84,9 +84,13 @@ const keyLockSlots = 1024
 //
 // On an ordered table (see OrderedByKey), whatever the store's
 // configuration, the writers of one key take turns: each takes the key's
-// lock for the rest of tx (a transaction-scoped advisory lock, one of
-// keyLockSlots by the key's hash), the second waiting until the first
-// commits or rolls back, and the table's trigger numbers the row only then.
+// turn for the rest of tx, the second waiting until the first commits or
+// rolls back, and the table's trigger numbers the row only then. A turn is
+// a transaction-scoped advisory lock: the key's own for the first 1,024
+// keys of a transaction, and beyond those the lock of the key's slot (one
+// of 1,024, by the key's hash), so that a transaction holds at most about
+// 2,048 locks; writers of other keys wait only for a transaction that
+// holds their key's slot that way.
 // A message's place in the order of its key is therefore the order in
 // which the writers' transactions took the key, which is also the order in
 // which they committed; it does not depend on any clock. Add takes the
@@ -213,12 +217,13 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	}
 	lit.WriteByte('}')
 	if ordered {
-		if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String()); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger())); err != nil {
 			return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
 		}
 		return nil
 	}
-	res, err := tx.ExecContext(ctx, s.q.lockIfOrdered, s.t.full, lit.String(), s.t.quoted, s.t.orderTrigger())
+	res, err := tx.ExecContext(ctx, s.q.lockIfOrdered, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger()),
+		s.t.quoted, s.t.orderTrigger())
 	if err != nil {
 		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
 	}

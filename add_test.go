@@ -237,7 +237,8 @@ func TestGauges(t *testing.T) {
 
 	g, err = b.store.Gauges(ctx, 0)
 	require.NoError(t, err)
-	require.EqualValues(t, 3, g.Pending)
+	require.EqualValues(t, 4, g.Pending, "3 ready and 1 parked")
+	require.EqualValues(t, 3, g.Ready)
 	require.EqualValues(t, 1, g.Parked)
 	require.EqualValues(t, 1, g.BlockedKeys, "the parked message's key")
 	require.InDelta(t, time.Hour.Seconds(), g.OldestPendingAge.Seconds(), 60)

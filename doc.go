@@ -58,7 +58,8 @@
 //
 // "Written first" is decided by the database, not by a clock: before a row
 // with a key is inserted, the trigger takes a transaction-scoped lock on
-// the key (one of a fixed number of slots, by the key's hash) and only then
+// the key (its own for a transaction's first 1,024 keys, beyond those one of
+// a fixed number of slots, by the key's hash) and only then
 // numbers the row ([Message.Seq], a sequence). Writers of one key take
 // turns, the second waiting until the first commits or rolls back, so a
 // key's order is the order in which the writers' transactions took it,
@@ -79,11 +80,17 @@
 // One vocabulary, here and in package relay, the CLI, the metrics and the
 // README:
 //
-//   - pending: waiting to be published: claimed, backing off and held
-//     messages included, parked ones not ([Store.Pending], [Stats.Pending],
-//     [Gauges.Pending]).
-//   - claimed: leased to a relay until its claim expires.
-//   - backing off: failed, and not claimable until its backoff has passed.
+//   - pending: waiting to be published, whatever it waits for: ready,
+//     claimed, backing off, held and parked messages, all of them
+//     ([Store.Pending], [Stats.Pending], [Gauges.Pending]), as the store's
+//     contract says.
+//   - ready: claimable now: neither claimed, backing off, held nor parked
+//     ([Stats.Ready]). What should be moving: alert on it and on
+//     [Stats.OldestReadyAge], not on pending, which counts parked ones.
+//   - claimed (in flight): leased to a relay until its claim expires
+//     ([Stats.InFlight]).
+//   - backing off (delayed): failed, and not claimable until its backoff
+//     has passed ([Stats.Delayed]).
 //   - parked: failed [StoreConfig.MaxAttempts] times; waits for an
 //     operator ([Store.Retry], [Store.Discard]).
 //   - discarded: given up on by an operator; its row stays until purged.

@@ -40,7 +40,7 @@ func testManyKeysBoundedLocks(t *testing.T, b *testBundle) {
 	var pid int
 	require.NoError(t, big.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 	locks := dbtest.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, pid)
-	assert.LessOrEqual(t, locks, int64(1024), "one lock per slot, not per key")
+	assert.LessOrEqual(t, locks, int64(2*1024), "a lock per key for the first 1,024 keys, then per slot")
 	assert.Positive(t, locks)
 
 	// Writers of other keys, 2,500 at a time, while the big one is open:
@@ -115,4 +115,104 @@ func TestKeyLimit(t *testing.T) {
 			assert.Len(t, msgs[0].Key, outbox.KeyMaxBytes)
 		})
 	}
+}
+
+// Issue 47, item 4: a transaction that holds many keys of an ordered table
+// holds them by themselves, not their slots, up to 1,024 keys: writers of
+// other keys do not wait for it (with a lock per slot, one transaction
+// holding 1,000 keys held 62 % of the slots and blocked 26 of 40 such
+// writers), while a writer of one of its keys still does. The keys are
+// taken by Add in one call (ordered store), by Add of a store that does not
+// know the table is ordered, and by the trigger alone (one event per call).
+func TestOrderedKeysDoNotHoldOtherKeys(t *testing.T) {
+	for _, layout := range []string{"rows", "log"} {
+		for _, how := range []string{"ordered store", "unordered store", "trigger"} {
+			t.Run(layout+"/"+strings.ReplaceAll(how, " ", "_"), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, ordered())
+				if layout == "log" {
+					b = setupLog(t, ordered())
+				}
+				writer := b.store
+				if how != "ordered store" {
+					var err error
+					writer, err = outbox.NewStore(b.db, &outbox.StoreConfig{Table: b.table, Logger: dbtest.Logger(t)})
+					require.NoError(t, err)
+				}
+				testKeysDoNotHoldOtherKeys(t, b, writer, how == "trigger")
+			})
+		}
+	}
+}
+
+func testKeysDoNotHoldOtherKeys(t *testing.T, b *testBundle, writer *outbox.Store, oneByOne bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	big, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer big.Rollback() //nolint:errcheck
+	const held = 1000
+	evts := make([]outbox.Event, held)
+	for i := range evts {
+		evts[i] = outbox.Event{Type: "big", Key: fmt.Sprintf("held-%d", i)}
+	}
+	if oneByOne {
+		for _, e := range evts {
+			require.NoError(t, writer.Add(ctx, big, e))
+		}
+	} else {
+		require.NoError(t, writer.Add(ctx, big, evts...))
+	}
+
+	// 40 writers of other keys, each in a transaction of its own, all
+	// commit while the big one is open.
+	errs := make(chan error, 40)
+	for w := range 40 {
+		go func() {
+			tx, err := b.db.BeginTx(ctx, nil)
+			if err == nil {
+				err = writer.Add(ctx, tx, outbox.Event{Type: "other", Key: fmt.Sprintf("other-%d", w)}, outbox.Event{Type: "other", Key: fmt.Sprintf("other-%d-b", w)})
+				if err == nil {
+					err = tx.Commit()
+				} else {
+					_ = tx.Rollback()
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range 40 {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-time.After(time.Minute):
+			t.Fatal("a writer of another key waits for the transaction that holds 1,000 keys")
+		}
+	}
+
+	// A writer of one of its keys waits for it, and goes on when it
+	// commits.
+	same, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, same.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	done := make(chan error, 1)
+	go func() {
+		err := writer.Add(ctx, same, outbox.Event{Type: "same", Key: "held-7"})
+		if err == nil {
+			err = same.Commit()
+		}
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1`, pid) > 0
+	}, time.Minute, 10*time.Millisecond, "the writer of a held key waits")
+	select {
+	case err := <-done:
+		t.Fatalf("the writer of a held key did not wait: %v", err)
+	default:
+	}
+	require.NoError(t, big.Commit())
+	require.NoError(t, <-done)
+	assert.EqualValues(t, held+80+1, b.count(t, ""))
 }

@@ -135,7 +135,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{claimmark}", lit(logClaimMark + fmt.Sprint(logClaimRevision)), "{claimargs}", logClaimArgs,
 		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
 		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
-		"{slotlock}", slotLock("'"+lit(t.full)+"'", slotOf("NEW.event_key")),
+		"{turn}", t.keyTurn("'"+lit(t.full)+"'", "NEW.event_key"),
 		"{idindex}", t.qualified(t.name + "_id_idx"), "{idcheck}", `"` + t.idCheck() + `"`, "{idcheckname}", t.idCheck(), "{idcheckfn}", t.qualified(t.idCheck()),
 		"{tablename}", lit(t.full), "{tablelit}", lit(t.quoted), "{batchlit}", lit(l.batch)}, more...)...)
 }
@@ -539,7 +539,7 @@ const logClaimAfter = `(SELECT o.* FROM {table} AS o
 const logOrderSQL = `CREATE OR REPLACE FUNCTION {triggerfn}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.event_key <> '' THEN
-        PERFORM {slotlock};
+    {turn}
     END IF;
     NEW.ord := nextval('{ordseqname}');
     RETURN NEW;

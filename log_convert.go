@@ -37,7 +37,8 @@ type Conversion struct {
 // copies the messages not yet published into it (those that failed at
 // least once into its failed table, with their attempts) and moves the
 // NOTIFY trigger, if any. Writers wait for that transaction (it takes the
-// table's lock, waiting at most lockTimeout for the writers in progress),
+// table's lock, waiting at most lockTimeout, 1ms or more, for the writers
+// in progress),
 // then write to the new table; relays find the new layout at their next
 // statement. Run it while relays keep up: the copy is what writers wait
 // for. A message a relay had in flight is published again from the new
@@ -50,6 +51,9 @@ type Conversion struct {
 func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
 	db, err := s.pool()
 	if err != nil {
+		return Conversion{}, err
+	}
+	if err := checkLockTimeout("ConvertToLog", lockTimeout); err != nil {
 		return Conversion{}, err
 	}
 	l, err := s.Layout(ctx)

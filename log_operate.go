@@ -13,13 +13,18 @@ import (
 
 // The operators' view of a table of LayoutLog. Pending messages are those
 // no claim has taken yet (after the cursor), those of unfinished batches
-// that were not settled, and failed ones waiting to be tried again; parked
-// ones are failed ones that exhausted their attempts.
+// that were not settled, failed ones waiting to be tried again, those held
+// behind them and parked ones (failed ones that exhausted their attempts).
 
-// logCounts is what Stats and Gauges read of a log table.
+// logCounts is what Stats and Gauges read of a log table: fresh and
+// unsettled events are in the events table (those of unsettled batches
+// whose lease has not expired in flight, the others ready to be taken
+// over), failed ones and those held behind them in the failed table.
 type logCounts struct {
-	fresh, unsettled, claimed, failing, parked, published, blockedKeys, held int64
-	oldest                                                                   float64
+	fresh, unsettled, unsettledInFlight                      int64
+	failedInFlight, failedReady, failedDelayed, held, parked int64
+	published, blockedKeys                                   int64
+	oldest, oldestReady                                      float64
 }
 
 func (ls *logStore) r() *strings.Replacer {
@@ -55,6 +60,18 @@ const unsettledFrom = `(SELECT b.*,
 	       WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f')) AS remaining
 	FROM {batch} AS b WHERE NOT EXISTS (SELECT 1 FROM {batch} AS x WHERE x.batch_id = b.batch_id AND x.gen > b.gen)) AS u`
 
+// The states of a message of the failed table that is neither published
+// nor discarded (f below): parked; else in flight (claimed); else held (on
+// an ordered table, set aside behind a failed message of its key: it never
+// failed itself) ; else ready or delayed (waiting out its backoff).
+const (
+	logFailedInFlight = `parked_at IS NULL AND claimed_until > now()`
+	logFailedFree     = `parked_at IS NULL AND (claimed_until IS NULL OR claimed_until <= now())`
+	logFailedHeld     = logFailedFree + ` AND last_error IS NULL`
+	logFailedReady    = logFailedFree + ` AND last_error IS NOT NULL AND available_at <= now()`
+	logFailedDelayed  = logFailedFree + ` AND last_error IS NOT NULL AND available_at > now()`
+)
+
 func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
 	var c logCounts
 	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`,
@@ -63,23 +80,35 @@ u AS (SELECT * FROM `+unsettledFrom+` WHERE u.remaining > 0),
 f AS (SELECT * FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL)
 SELECT (SELECT count(*) FROM fresh),
 	(SELECT coalesce(sum(remaining), 0) FROM u),
-	(SELECT coalesce(sum(remaining), 0) FROM u WHERE lease_until > now()) + (SELECT count(*) FROM f WHERE parked_at IS NULL AND claimed_until > now()),
-	(SELECT count(*) FROM f WHERE parked_at IS NULL),
+	(SELECT coalesce(sum(remaining), 0) FROM u WHERE lease_until > now()),
+	(SELECT count(*) FROM f WHERE `+logFailedInFlight+`),
+	(SELECT count(*) FROM f WHERE `+logFailedReady+`),
+	(SELECT count(*) FROM f WHERE `+logFailedDelayed+`),
+	(SELECT count(*) FROM f WHERE `+logFailedHeld+`),
 	(SELECT count(*) FROM f WHERE parked_at IS NOT NULL),
 	(SELECT coalesce(sum(cardinality(seqs)), 0) FROM {settle} WHERE kind = 'p' AND at > now() - interval '1 hour')
 	  + (SELECT count(*) FROM {failed} WHERE published_at > now() - interval '1 hour'),
 	(SELECT count(DISTINCT event_key) FROM f WHERE parked_at IS NOT NULL AND event_key <> ''),
-	(SELECT count(*) FROM f WHERE last_error IS NULL AND parked_at IS NULL),
 	coalesce(extract(epoch FROM now() - least(
-		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f WHERE parked_at IS NULL))), 0)`),
-		limit).Scan(&c.fresh, &c.unsettled, &c.claimed, &c.failing, &c.parked, &c.published, &c.blockedKeys, &c.held, &c.oldest)
+		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f))), 0),
+	coalesce(extract(epoch FROM now() - least(
+		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u WHERE lease_until <= now()),
+		(SELECT min(created_at) FROM f WHERE `+logFailedReady+`))), 0)`),
+		limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedDelayed, &c.held, &c.parked,
+		&c.published, &c.blockedKeys, &c.oldest, &c.oldestReady)
 	if err != nil {
 		return logCounts{}, fmt.Errorf("outbox: counting messages of %s: %w", ls.s.t.full, err)
 	}
 	return c, nil
 }
 
-func (c logCounts) pending() int64 { return c.fresh + c.unsettled + c.failing }
+// ready is what a claim may take now: fresh events, those of batches
+// whose lease expired (a claim takes them over) and failed ones due again.
+func (c logCounts) ready() int64    { return c.fresh + c.unsettled - c.unsettledInFlight + c.failedReady }
+func (c logCounts) inFlight() int64 { return c.unsettledInFlight + c.failedInFlight }
+func (c logCounts) pending() int64 {
+	return c.ready() + c.inFlight() + c.failedDelayed + c.held + c.parked
+}
 
 func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
 	c, err := ls.counts(ctx, db, 1<<62)
@@ -87,8 +116,9 @@ func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{
-		Pending: c.pending(), Claimed: c.claimed, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys, Held: c.held,
-		OldestPendingAge: time.Duration(c.oldest * float64(time.Second)).Round(time.Millisecond),
+		Pending: c.pending(), Ready: c.ready(), InFlight: c.inFlight(), Claimed: c.inFlight(), Delayed: c.failedDelayed,
+		Held: c.held, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys,
+		OldestPendingAge: seconds(c.oldest), OldestReadyAge: seconds(c.oldestReady),
 	}, nil
 }
 
@@ -97,10 +127,13 @@ func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges
 	if err != nil {
 		return Gauges{}, err
 	}
-	return Gauges{
-		Pending: min(c.pending(), limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys, Held: min(c.held, limit),
-		OldestPendingAge: time.Duration(c.oldest * float64(time.Second)).Round(time.Millisecond),
-	}, nil
+	g := Gauges{
+		Ready: min(c.ready(), limit), InFlight: min(c.inFlight(), limit), Delayed: min(c.failedDelayed, limit),
+		Held: min(c.held, limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys,
+		OldestPendingAge: seconds(c.oldest), OldestReadyAge: seconds(c.oldestReady),
+	}
+	g.Pending = min(g.Ready+g.InFlight+g.Delayed+g.Held+g.Parked, limit)
+	return g, nil
 }
 
 func (ls *logStore) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {

@@ -11,11 +11,16 @@ import (
 	"github.com/acemq/outbox/internal/pgschema"
 )
 
-// Pending returns how many messages wait to be published: those currently
-// claimed, those waiting out a backoff and, in ordered mode, those held
-// behind a failed message of their key count; parked ones do not (they
-// wait for an operator: Stats.Parked). Pending means this everywhere:
-// Stats, Gauges, the metrics and `outbox status`.
+// Pending returns how many messages wait to be published: every message
+// not yet published nor discarded, whatever it waits for. Ready, claimed
+// (in flight), backing off (delayed), held behind a failed message of their
+// key and parked ones (which exhausted their attempts and wait for an
+// operator) are all counted, as the store's contract says. The views that
+// tell them apart are Stats' and Gauges' Ready, InFlight, Delayed, Held and
+// Parked, which add up to Pending; Pending means this everywhere: Stats,
+// Gauges, the metrics (outbox.pending) and `outbox status`. To alert on
+// messages that should be moving, watch Ready and OldestReadyAge, which
+// leave parked ones out.
 func (s *Store) Pending(ctx context.Context) (int64, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -34,29 +39,48 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-// Stats is a snapshot of an outbox table for operators and metrics.
+// Stats is a snapshot of an outbox table for operators and metrics. Each
+// message waiting to be published is in exactly one of Ready, InFlight,
+// Delayed, Held and Parked, and Pending is their sum.
 type Stats struct {
 	// Pending counts the messages waiting to be published, as
-	// Store.Pending does: claimed, backing off and held ones included,
-	// parked ones not.
+	// Store.Pending does: ready, claimed, backing off, held and parked
+	// ones, all of them.
 	Pending int64
-	// Claimed counts messages under a lease that has not expired.
+	// Ready counts the messages a relay may claim now: neither claimed,
+	// backing off, held nor parked. On a healthy table it stays near
+	// zero; the alert on messages that should be moving watches it (and
+	// OldestReadyAge).
+	Ready int64
+	// InFlight counts messages under a claim whose lease has not expired:
+	// a relay is publishing them.
+	InFlight int64
+	// Claimed is InFlight.
+	//
+	// Deprecated: use InFlight.
 	Claimed int64
-	// Parked counts messages that exhausted their attempts.
+	// Delayed counts messages that failed and wait out their backoff
+	// before they may be claimed again.
+	Delayed int64
+	// Held counts the messages set aside, on an ordered table, behind a
+	// message of their key that failed (parked or backing off); they come
+	// back when it is published, retried or discarded.
+	Held int64
+	// Parked counts messages that exhausted their attempts: they are
+	// never claimed again until an operator retries (or discards) them.
 	Parked int64
-	// OldestPendingAge is how long the oldest pending message has been
-	// waiting (zero when nothing is pending); parked ones do not count.
+	// OldestPendingAge is how long the oldest pending message (parked ones
+	// included) has been waiting; zero when nothing is pending.
 	OldestPendingAge time.Duration
+	// OldestReadyAge is how long the oldest ready message has been
+	// waiting; zero when none is ready.
+	OldestReadyAge time.Duration
 	// PublishedLastHour counts messages published in the last hour.
 	PublishedLastHour int64
 	// BlockedKeys counts the keys that have a parked message. In ordered
 	// mode each is blocked: its later messages wait until the parked one
 	// is retried or discarded (Retry, Discard).
 	BlockedKeys int64
-	// Held counts the messages set aside, in ordered mode, behind a
-	// message of their key that failed; they come back when it is
-	// published, retried or discarded. They are part of Pending.
-	Held int64
 }
 
 // Stats returns counts of the table's messages by state.
@@ -71,14 +95,22 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		return ls.stats(ctx, db)
 	}
 	var (
-		st     Stats
-		oldest float64
+		st             Stats
+		oldest, oldRdy float64
 	)
-	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Claimed, &st.Parked, &oldest, &st.PublishedLastHour, &st.BlockedKeys, &st.Held); err != nil {
+	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Ready, &st.InFlight, &st.Delayed, &st.Held, &st.Parked,
+		&oldest, &oldRdy, &st.PublishedLastHour, &st.BlockedKeys); err != nil {
 		return Stats{}, fmt.Errorf("outbox: reading stats of %s: %w", s.t.full, err)
 	}
-	st.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
+	st.Pending = st.Ready + st.InFlight + st.Delayed + st.Held + st.Parked
+	st.Claimed = st.InFlight
+	st.OldestPendingAge, st.OldestReadyAge = seconds(oldest), seconds(oldRdy)
 	return st, nil
+}
+
+// seconds is an age read from the database, to the millisecond.
+func seconds(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
 }
 
 // Parked returns up to limit parked messages, the most recently parked
@@ -334,33 +366,46 @@ const GaugesLimitDefault = 100_000
 
 // Gauges is a snapshot of an outbox table cheap enough to take on every
 // metrics scrape, however large the table: each figure is read from a
-// partial index, and the counts stop at a limit.
+// partial index, and the counts stop at a limit. Its counts mean what those
+// of Stats do: Ready, InFlight, Delayed, Held and Parked add up to Pending
+// (each count stopping at the limit, and Pending at five times it).
 type Gauges struct {
 	// Pending counts messages waiting to be published, as Store.Pending
-	// does (claimed, backing off and held ones included, parked ones
-	// not), up to the limit.
+	// does (ready, claimed, backing off, held and parked ones), up to the
+	// limit.
 	Pending int64
-	// Held counts the pending messages held, in ordered mode, behind a
-	// failed message of their key, up to the limit.
+	// Ready counts the messages a relay may claim now, up to the limit.
+	Ready int64
+	// InFlight counts messages under an unexpired claim, up to the limit.
+	InFlight int64
+	// Delayed counts messages waiting out a backoff, up to the limit.
+	Delayed int64
+	// Held counts the messages held, on an ordered table, behind a failed
+	// message of their key, up to the limit.
 	Held int64
 	// Parked counts parked messages, up to the limit.
 	Parked int64
 	// Limit is the limit the counts stop at: a count equal to it means
 	// "at least".
 	Limit int64
-	// OldestPendingAge is how long the oldest pending message has been
-	// waiting, by the database clock; zero when none is.
+	// OldestPendingAge is how long the oldest pending message (parked ones
+	// included) has been waiting, by the database clock; zero when none is.
 	OldestPendingAge time.Duration
+	// OldestReadyAge is how long the oldest ready message has been
+	// waiting, by the database clock; zero when none is. It is what an
+	// alert on messages that should be moving watches.
+	OldestReadyAge time.Duration
 	// BlockedKeys counts the keys of parked messages, among the first
 	// limit parked messages: in ordered mode, the keys whose later
 	// messages wait for an operator.
 	BlockedKeys int64
 }
 
-// Gauges returns the table's pending and parked counts, each stopping at
-// limit (GaugesLimitDefault when limit < 1), the age of the oldest
-// pending message and the keys blocked by parked messages. It reads only
-// the claim, held and parked partial indexes, never the published rows.
+// Gauges returns the table's counts by state, each stopping at limit
+// (GaugesLimitDefault when limit < 1), the ages of the oldest pending and
+// of the oldest ready message and the keys blocked by parked messages. It
+// reads only the claim, held and parked partial indexes, never the
+// published rows.
 func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	db, err := s.pool()
 	if err != nil {
@@ -375,13 +420,13 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 		return ls.gauges(ctx, db, limit)
 	}
 	g := Gauges{Limit: limit}
-	var oldest float64
-	var waiting int64
-	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&waiting, &g.Held, &g.Parked, &oldest, &g.BlockedKeys); err != nil {
+	var oldest, oldRdy float64
+	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Ready, &g.InFlight, &g.Delayed, &g.Held, &g.Parked,
+		&oldest, &oldRdy, &g.BlockedKeys); err != nil {
 		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
 	}
-	g.Pending = waiting + g.Held
-	g.OldestPendingAge = time.Duration(oldest * float64(time.Second)).Round(time.Millisecond)
+	g.Pending = min(g.Ready+g.InFlight+g.Delayed+g.Held+g.Parked, limit)
+	g.OldestPendingAge, g.OldestReadyAge = seconds(oldest), seconds(oldRdy)
 	return g, nil
 }
 

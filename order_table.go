@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,26 +15,86 @@ import (
 // are: the order is a property of the table, recorded in the database as
 // its order trigger (OrderSchema), not of each program's configuration.
 // The trigger runs before every row with a key is inserted, by Store.Add
-// of any Store, an ORM hook or a raw INSERT or COPY: it takes the lock of
-// the key's slot (the lock Store.Add takes in ordered mode, see
-// keyLockSlots) for the rest of the transaction and only then numbers the
-// row (seq), so that a key's rows are numbered in the order their writers
+// of any Store, an ORM hook or a raw INSERT or COPY: it takes the key's
+// turn (the locks Store.Add takes in ordered mode, see keyLocksMax) for
+// the rest of the transaction and only then numbers the row (seq), so that a key's rows are numbered in the order their writers
 // commit. Stores and relays read the table's mode from the database and
 // follow it (Store.CheckOrdering).
 
 // orderTrigger is how the trigger names itself and its function.
 func (t table) orderTrigger() string { return t.name + "_order" }
 
-// slotOf is the slot of the key expression k, and slotLock the lock of
-// slot s of the table tableName (an expression): the same texts for
-// Store.Add's lock statements and for the trigger, so that both take one
-// lock.
-func slotOf(k string) string {
-	return `(hashtextextended(` + k + `, 0) & ` + strconv.Itoa(keyLockSlots-1) + `)`
+// Writers of an ordered table take turns by key with transaction-scoped
+// advisory locks, in two sizes. A transaction takes each of its first
+// keyLocksMax keys by itself: the lock of the key (by a 64-bit hash of the
+// table and the key), and its slot's lock shared. Writers of other keys
+// never wait for it, however many keys it holds. Past keyLocksMax keys it
+// takes whole slots instead, exclusively: it then holds at most
+// keyLocksMax key locks and keyLockSlots slot locks (PostgreSQL's lock
+// table has room for max_locks_per_transaction × max_connections), and
+// writers of any key in a slot it holds wait for it, which is what remains
+// of the false sharing of slots. A key lock excludes the writers of that
+// key; an exclusive slot lock excludes them all, the shared one of a key
+// lock too: whichever way each of two writers of one key took it, the
+// second waits for the first.
+//
+// What a transaction holds is recorded in four transaction-local settings
+// (keyTurnSetting), which roll back with a savepoint as its locks do: n,
+// the keys taken one by one; k, their hashes; f, the slots held shared; c,
+// the slots held exclusively. A key whose slot it holds shared is still
+// taken by itself, up to twice keyLocksMax keys, so that one call of
+// Store.Add, whose keys are taken in the order of their slots, never asks
+// for a slot it holds shared exclusively (two writers doing that at once
+// would deadlock); past that, a transaction that wrote its keys in many
+// calls may, and PostgreSQL then aborts one of the two (SQLSTATE 40P01).
+const keyLocksMax = 1024
+
+// keyTurnSetting is the prefix of the transaction-local settings that
+// record which locks of the table a transaction holds.
+func (t table) keyTurnSetting() string {
+	h := fnv.New64a()
+	h.Write([]byte(t.full))
+	return fmt.Sprintf("acemq_outbox.t%016x_", h.Sum64())
 }
 
-func slotLock(tableName, s string) string {
-	return `pg_advisory_xact_lock(hashtextextended(` + tableName + ` || ':slot:' || ` + s + `, 0))`
+// keyTurnMark, in a trigger function's source, tells Store.Add that the
+// trigger takes keys one by one (keyTurn): before it, triggers took
+// slots, and Add takes slots too for such a table.
+const keyTurnMark = "acemq_outbox."
+
+// keyTurn is the PL/pgSQL block that takes the turn of key (an expression)
+// in the table whose name is the literal tableLit.
+func (t table) keyTurn(tableLit, key string) string {
+	return strings.NewReplacer("{t}", tableLit, "{g}", t.keyTurnSetting(), "{k}", key,
+		"{slots}", strconv.Itoa(keyLockSlots-1), "{max}", strconv.Itoa(keyLocksMax), "{max2}", strconv.Itoa(2*keyLocksMax)).Replace(`DECLARE
+        s bigint := hashtextextended({k}, 0) & {slots};
+        cs text := coalesce(nullif(current_setting('{g}c', true), ''), ',');
+        h bigint;
+        n int;
+        ks text;
+        fs text;
+    BEGIN
+        IF strpos(cs, ',' || s || ',') = 0 THEN -- else the slot is this transaction's
+            h := hashtextextended({t} || ':key:' || {k}, 0);
+            ks := coalesce(nullif(current_setting('{g}k', true), ''), ',');
+            IF strpos(ks, ',' || h || ',') = 0 THEN -- else the key is
+                n := coalesce(nullif(current_setting('{g}n', true), ''), '0')::int;
+                fs := coalesce(nullif(current_setting('{g}f', true), ''), ',');
+                IF n < {max2} AND (n < {max} OR strpos(fs, ',' || s || ',') > 0) THEN
+                    IF strpos(fs, ',' || s || ',') = 0 THEN
+                        PERFORM pg_advisory_xact_lock_shared(hashtextextended({t} || ':slot:' || s, 0));
+                        PERFORM set_config('{g}f', fs || s || ',', true);
+                    END IF;
+                    PERFORM pg_advisory_xact_lock(h);
+                    PERFORM set_config('{g}k', ks || h || ',', true);
+                    PERFORM set_config('{g}n', (n + 1)::text, true);
+                ELSE
+                    PERFORM pg_advisory_xact_lock(hashtextextended({t} || ':slot:' || s, 0));
+                    PERFORM set_config('{g}c', cs || s || ',', true);
+                END IF;
+            END IF;
+        END IF;
+    END;`)
 }
 
 // orderTriggerSQL makes the table ordered (idempotent).
@@ -41,9 +102,9 @@ func (t table) orderTriggerSQL() string {
 	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	fn := t.qualified(t.orderTrigger())
 	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.orderTrigger()+`"`,
-		"{lock}", slotLock(lit(t.full), slotOf("NEW.event_key")), "{seq}", lit(t.qualified(t.name+"_seq")))
+		"{turn}", t.keyTurn(lit(t.full), "NEW.event_key"), "{seq}", lit(t.qualified(t.name+"_seq")))
 	return r.Replace(`-- An ordered table: before a row with a key is written, its writer takes
--- the key's turn (the lock of its slot, for the rest of the transaction),
+-- the key's turn (its lock, or its slot's, for the rest of the transaction),
 -- then the row is numbered. Whoever writes (any Store, a raw INSERT, COPY),
 -- the rows of a key are numbered in the order their writers commit, which
 -- is the order relays publish them in. A statement that inserts rows of
@@ -52,7 +113,7 @@ func (t table) orderTriggerSQL() string {
 -- aborts one, SQLSTATE 40P01); Store.Add takes them sorted first.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM {lock};
+    {turn}
     NEW.seq := nextval({seq});
     RETURN NEW;
 END
@@ -268,8 +329,8 @@ type OrderingConversion struct {
 // ConvertOrdering makes the table ordered (to OrderedByKey) or unordered,
 // online. Making it ordered creates its order trigger (OrderSchema); making
 // it unordered drops it. Either takes the table's SHARE ROW EXCLUSIVE lock
-// for a moment, waiting at most lockTimeout for the writers in progress;
-// writers that start after it commits write in the new mode. Relays follow
+// for a moment, waiting at most lockTimeout (1ms or more) for the writers
+// in progress; writers that start after it commits write in the new mode. Relays follow
 // at once: an unordered claim never takes a message with a key from an
 // ordered table (it checks the mode in the statement), and every relay
 // reads the mode again within a second, then claims in the new one. The
@@ -284,6 +345,9 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	}
 	if to != Unordered && to != OrderedByKey {
 		return OrderingConversion{}, fmt.Errorf("outbox: ConvertOrdering: to must be Unordered or OrderedByKey (got %d)", int(to))
+	}
+	if err := checkLockTimeout("ConvertOrdering", lockTimeout); err != nil {
+		return OrderingConversion{}, err
 	}
 	if ls, err := s.logged(ctx); err != nil {
 		return OrderingConversion{}, err
@@ -395,4 +459,13 @@ func convertIn(ctx context.Context, db *sql.DB, lockTimeout time.Duration, stmts
 		return 0, err
 	}
 	return time.Since(started), nil
+}
+
+// checkLockTimeout refuses a conversion's lockTimeout under a millisecond,
+// PostgreSQL's unit of lock_timeout (which would silently round it).
+func checkLockTimeout(op string, lockTimeout time.Duration) error {
+	if lockTimeout < time.Millisecond {
+		return fmt.Errorf("outbox: %s: lockTimeout must be at least 1ms (got %s): it bounds the wait for the writers in progress", op, lockTimeout)
+	}
+	return nil
 }

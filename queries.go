@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"strconv"
 	"strings"
 )
 
@@ -24,6 +25,15 @@ const (
 	waiting = `published_at IS NULL AND parked_at IS NULL AND NOT held`
 	held    = `held AND published_at IS NULL AND parked_at IS NULL`
 	parked  = `published_at IS NULL AND parked_at IS NOT NULL`
+)
+
+// A waiting message (above) is in exactly one of three states: ready (a
+// relay may claim it now), in flight (claimed, its lease not expired) or
+// delayed (waiting out a backoff).
+const (
+	ready    = `available_at <= now() AND (claimed_until IS NULL OR claimed_until <= now())`
+	inFlight = `claimed_until > now()`
+	delayed  = `available_at > now() AND (claimed_until IS NULL OR claimed_until <= now())`
 )
 
 // unheldCTE, appended to a statement whose CTE "changed" returns the
@@ -79,6 +89,7 @@ const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts 
 
 func newQueries(t table, ordered bool) queries {
 	r := strings.NewReplacer("{table}", t.quoted, "{ordered_now}", t.orderedNow(), "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
+		"{ready}", ready, "{in_flight}", inFlight, "{delayed}", delayed,
 		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing,
 		"{async}", asyncCondition)
 	// Nested texts are replaced in two steps.
@@ -110,26 +121,31 @@ RETURNING attempts, parked_at IS NOT NULL`),
 
 		// Pending means one thing everywhere (Store.Pending, Stats,
 		// Gauges, the metrics, outbox status): waiting to be published,
-		// claimed, backing off and held ones included, parked ones not.
+		// ready, claimed, backing off, held and parked ones, all of them.
 		pending: r2(`SELECT
 	(SELECT count(*) FROM {table} WHERE {waiting}) +
-	(SELECT count(*) FROM {table} WHERE {held})`),
+	(SELECT count(*) FROM {table} WHERE {held}) +
+	(SELECT count(*) FROM {table} WHERE {parked})`),
 
+		// Ready, in flight, delayed, held, parked (their sum is Pending),
+		// the ages of the oldest pending and of the oldest ready message.
 		stats: r2(`WITH live AS (
-	SELECT count(*) AS n,
-	       count(*) FILTER (WHERE claimed_until > now()) AS claimed,
-	       min(created_at) AS oldest
+	SELECT count(*) FILTER (WHERE {ready}) AS ready,
+	       count(*) FILTER (WHERE {in_flight}) AS in_flight,
+	       count(*) FILTER (WHERE {delayed}) AS delayed,
+	       min(created_at) AS oldest,
+	       min(created_at) FILTER (WHERE {ready}) AS oldest_ready
 	FROM {table} WHERE {waiting}
 ), held AS (
 	SELECT count(*) AS n, min(created_at) AS oldest FROM {table} WHERE {held}
 ), parked AS (
-	SELECT count(*) AS n FROM {table} WHERE {parked}
+	SELECT count(*) AS n, min(created_at) AS oldest FROM {table} WHERE {parked}
 )
-SELECT live.n + held.n, live.claimed, parked.n,
-       coalesce(extract(epoch FROM now() - least(live.oldest, held.oldest))::float8, 0),
+SELECT live.ready, live.in_flight, live.delayed, held.n, parked.n,
+       coalesce(extract(epoch FROM now() - least(live.oldest, held.oldest, parked.oldest))::float8, 0),
+       coalesce(extract(epoch FROM now() - live.oldest_ready)::float8, 0),
        (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL AND published_at > now() - interval '1 hour' AND discarded_at IS NULL),
-       (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> ''),
-       held.n
+       (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> '')
 FROM live, held, parked`),
 
 		parked: r2(`SELECT {columns} FROM {table} AS o
@@ -149,14 +165,18 @@ LIMIT $1`),
 		discard: r2(changing(`published_at = now(), discarded_at = now()`, `id = ANY($1::uuid[]) AND {parked}`)),
 
 		// Each part is answered by a partial index. The counts stop at $1.
-		// Pending is waiting plus held, added up by Gauges.
+		// Pending is their sum, added up by Gauges.
 		gauges: r2(`SELECT
-	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} LIMIT $1) AS p),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {ready} LIMIT $1) AS r),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {in_flight} LIMIT $1) AS f),
+	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {delayed} LIMIT $1) AS d),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT $1) AS h),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {parked} LIMIT $1) AS k),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT created_at FROM {table} WHERE {waiting} ORDER BY seq LIMIT 1),
-		(SELECT created_at FROM {table} WHERE {held} ORDER BY seq LIMIT 1)))::float8, 0),
+		(SELECT created_at FROM {table} WHERE {held} ORDER BY seq LIMIT 1),
+		(SELECT min(created_at) FROM {table} WHERE {parked})))::float8, 0),
+	coalesce(extract(epoch FROM now() - (SELECT created_at FROM {table} WHERE {waiting} AND {ready} ORDER BY seq LIMIT 1))::float8, 0),
 	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b)`),
 
 		purgeable: r2(`SELECT count(*) FROM {table}
@@ -169,22 +189,24 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 	LIMIT $2
 )`),
 
-		// Ordered mode: writers of one key take turns (see Store.Add).
-		// Each key takes the lock of its slot (keyLockSlots), in the
-		// order of the slots, so that two writers never take two slots in
-		// opposite orders. The trigger of an ordered table takes the same
-		// locks (slotLock), again: a lock a transaction holds is taken
-		// again at once.
-		lock: `SELECT count(` + slotLock("$1", "s") + `)
-FROM (SELECT DISTINCT ` + slotOf("k") + ` AS s FROM unnest($2::text[]) AS k ORDER BY 1) AS slots`,
+		// Ordered mode: writers of one key take turns (see Store.Add and
+		// keyLocksMax). The keys of a call are taken in the order of their
+		// slots, and of their locks within a slot, so that two writers
+		// never take two locks in opposite orders, with the rules of the
+		// trigger's keyTurn, decided here for each slot as a whole: a slot
+		// whose keys all fit the budget is taken key by key, another
+		// exclusively. The trigger of an ordered table then finds each key
+		// taken. A table whose trigger is older (no keyTurnMark in it)
+		// takes slots, and so does this statement then. $1: the table's
+		// name; $2: the keys; $3: keyTurnSetting; $4: the trigger's
+		// function.
+		lock: keyTurnSQL(""),
 		// An unordered store's Add of several keys takes them in the same
-		// order when the table is ordered ($3, $4: the table and its
+		// order when the table is ordered ($5: the table, $6: its
 		// trigger), so that the trigger, taking them row by row, never
-		// deadlocks with another writer. It returns a row per slot: none
-		// when the table is unordered.
-		lockIfOrdered: `SELECT ` + slotLock("$1", "s") + `
-FROM (SELECT DISTINCT ` + slotOf("k") + ` AS s FROM unnest($2::text[]) AS k ORDER BY 1) AS slots
-WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = to_regclass($3) AND tgname = $4 AND tgenabled <> 'D')`,
+		// deadlocks with another writer. It returns no row when the table
+		// is unordered.
+		lockIfOrdered: keyTurnSQL(`EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = to_regclass($5) AND tgname = $6 AND tgenabled <> 'D')`),
 
 		// Ordered mode, Store.Reconcile: hold the waiting messages of keys
 		// whose head has failed, found among the keys with held or parked
@@ -374,3 +396,42 @@ WHERE o.id = ANY(ARRAY(
 	WHERE before < $4))
   AND {async}
 RETURNING {columns}`
+
+// keyTurnSQL is Store.Add's statement that takes the turns of a call's keys
+// (see keyLocksMax and the trigger's keyTurn), when the condition cond
+// holds ("": always).
+func keyTurnSQL(cond string) string {
+	if cond == "" {
+		cond = "true"
+	}
+	return strings.NewReplacer("{slots}", strconv.Itoa(keyLockSlots-1), "{max}", strconv.Itoa(keyLocksMax),
+		"{max2}", strconv.Itoa(2*keyLocksMax), "{mark}", keyTurnMark, "{cond}", cond).Replace(`WITH st AS (
+	SELECT coalesce(nullif(current_setting($3 || 'n', true), ''), '0')::int AS n0,
+		coalesce(nullif(current_setting($3 || 'k', true), ''), ',') AS ks,
+		coalesce(nullif(current_setting($3 || 'f', true), ''), ',') AS fs,
+		coalesce(nullif(current_setting($3 || 'c', true), ''), ',') AS cs,
+		EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE oid = to_regproc($4) AND strpos(prosrc, '{mark}') > 0) AS bykey
+	WHERE {cond}
+), keys AS (
+	SELECT DISTINCT hashtextextended(k, 0) & {slots} AS s, hashtextextended($1 || ':key:' || k, 0) AS h
+	FROM unnest($2::text[]) AS k
+), todo AS ( -- the keys not taken yet, with the count of those up to the end of their slot
+	SELECT keys.s, keys.h, strpos(st.fs, ',' || keys.s || ',') > 0 AS shared, count(*) OVER (ORDER BY keys.s) AS upto
+	FROM keys, st
+	WHERE strpos(st.cs, ',' || keys.s || ',') = 0 AND strpos(st.ks, ',' || keys.h || ',') = 0
+), d AS (
+	SELECT todo.*, st.bykey AND st.n0 + todo.upto <= CASE WHEN todo.shared THEN {max2} ELSE {max} END AS bykey
+	FROM todo, st
+), locks AS (
+	SELECT s, 0 AS kind, hashtextextended($1 || ':slot:' || s, 0) AS id FROM d WHERE bykey AND NOT shared GROUP BY s
+	UNION ALL SELECT s, 1, h FROM d WHERE bykey
+	UNION ALL SELECT s, 2, hashtextextended($1 || ':slot:' || s, 0) FROM d WHERE NOT bykey GROUP BY s
+)
+SELECT (SELECT count(CASE WHEN kind = 0 THEN pg_advisory_xact_lock_shared(id) ELSE pg_advisory_xact_lock(id) END)
+		FROM (SELECT kind, id FROM locks ORDER BY s, kind, id) AS ordered),
+	set_config($3 || 'n', (st.n0 + (SELECT count(*) FROM d WHERE bykey))::text, true),
+	set_config($3 || 'k', st.ks || coalesce((SELECT string_agg(h::text, ',') || ',' FROM d WHERE bykey), ''), true),
+	set_config($3 || 'f', st.fs || coalesce((SELECT string_agg(DISTINCT s::text, ',') || ',' FROM d WHERE bykey AND NOT shared), ''), true),
+	set_config($3 || 'c', st.cs || coalesce((SELECT string_agg(DISTINCT s::text, ',') || ',' FROM d WHERE NOT bykey), ''), true)
+FROM st`)
+}

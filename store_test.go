@@ -460,19 +460,20 @@ func TestFailureBackoffAndParking(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, claimOne(), "a parked row is never claimed")
 
-	// Issue 18, item 3: pending means one thing everywhere; parked
-	// messages are counted beside it, under their own name.
+	// Issue 38, item 1: pending means what the store's contract says,
+	// parked messages included; what should be moving is ready, and
+	// nothing is.
 	pending, err = b.store.Pending(ctx)
 	require.NoError(t, err)
-	require.Zero(t, pending, "parked rows are not pending")
+	require.EqualValues(t, 1, pending, "parked rows are pending")
 	stats, err := b.store.Stats(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, stats.Parked)
-	require.Zero(t, stats.Pending)
-	require.Zero(t, stats.OldestPendingAge)
+	require.Equal(t, [3]int64{1, 1, 0}, [3]int64{stats.Pending, stats.Parked, stats.Ready})
+	require.Positive(t, stats.OldestPendingAge)
+	require.Zero(t, stats.OldestReadyAge)
 	g, err := b.store.Gauges(ctx, 0)
 	require.NoError(t, err)
-	require.Equal(t, [3]int64{0, 1, 0}, [3]int64{g.Pending, g.Parked, int64(g.OldestPendingAge)}, "the gauges say the same")
+	require.Equal(t, [4]int64{1, 1, 0, 0}, [4]int64{g.Pending, g.Parked, g.Ready, int64(g.OldestReadyAge)}, "the gauges say the same")
 
 	parked, err := b.store.Parked(ctx, 10)
 	require.NoError(t, err)
@@ -528,7 +529,7 @@ func TestPendingAndStats(t *testing.T) {
 
 	st, err := b.store.Stats(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Stats{Pending: 3, Claimed: 1, Parked: 0, OldestPendingAge: st.OldestPendingAge, PublishedLastHour: 2}, st)
+	require.Equal(t, outbox.Stats{Pending: 3, Ready: 2, InFlight: 1, Claimed: 1, OldestPendingAge: st.OldestPendingAge, OldestReadyAge: st.OldestReadyAge, PublishedLastHour: 2}, st)
 }
 
 func TestPurgePublished(t *testing.T) {

@@ -309,9 +309,16 @@ func TestDeadLetteredReplayedAfterRetryAppliedOnce(t *testing.T) {
 	require.ErrorContains(t, err, "outbox inbox retry")
 	require.Zero(t, w.effects(t))
 
-	n, err := w.ib.Retry(ctx, "order-7", "no-such-id")
+	// Issue 47, item 12: what a retry would change, counted before it.
+	n, err := w.ib.DeadAmong(ctx, "order-7", "no-such-id", "order-7")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+	n, err = w.ib.Retry(ctx, "order-7", "no-such-id")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = w.ib.DeadAmong(ctx, "order-7")
+	require.NoError(t, err)
+	require.Zero(t, n, "no longer dead")
 	require.Eventually(t, func() bool { return w.queued(t, w.dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
 	moved, err = inbox.Replay(ctx, amqptest.Conn(t), w.dlq, w.queue, 10)
 	require.NoError(t, err)

@@ -59,7 +59,7 @@ type Inbox struct {
 	consumer    string
 	maxAttempts int
 	logger      *slog.Logger
-	q           struct{ claim, retry, failed, handled, purge, purgeable, revive, reviveAll, dead, records string }
+	q           struct{ claim, retry, failed, handled, purge, purgeable, revive, reviveAll, dead, deadAmong, records string }
 	afterCommit func(*amqp.Delivery) // tests: runs between commit and ack
 }
 
@@ -120,6 +120,7 @@ RETURNING attempts, dead_at IS NOT NULL`)
 	ib.q.reviveAll = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = $1 AND dead_at IS NOT NULL`)
 	ib.q.dead = r.Replace(`SELECT message_id, attempts, coalesce(last_error, ''), received_at, dead_at FROM {table}
 WHERE consumer = $1 AND dead_at IS NOT NULL ORDER BY dead_at, message_id LIMIT $2`)
+	ib.q.deadAmong = r.Replace(`SELECT count(*) FROM {table} WHERE consumer = $1 AND message_id = ANY($2::text[]) AND dead_at IS NOT NULL`)
 	ib.q.records = r.Replace(`SELECT count(*) FILTER (WHERE handled_at IS NOT NULL), count(*) FILTER (WHERE handled_at IS NULL AND dead_at IS NULL),
 	count(*) FILTER (WHERE dead_at IS NOT NULL) FROM {table} WHERE consumer = $1`)
 	ib.q.purgeable = r.Replace(`SELECT count(*) FROM {table}

@@ -80,6 +80,20 @@ func (ib *Inbox) Retry(ctx context.Context, ids ...string) (int64, error) {
 	return total, nil
 }
 
+// DeadAmong counts the messages named by ids that the consumer
+// dead-lettered: the records Retry(ctx, ids...) would make eligible again
+// now (an id given twice counts once).
+func (ib *Inbox) DeadAmong(ctx context.Context, ids ...string) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	var n int64
+	if err := ib.db.QueryRowContext(ctx, ib.q.deadAmong, ib.consumer, ids).Scan(&n); err != nil {
+		return 0, ib.wrap("counting dead-lettered messages", err)
+	}
+	return n, nil
+}
+
 // RetryAllDead makes every message the consumer dead-lettered eligible
 // again, as Retry does, and returns how many.
 func (ib *Inbox) RetryAllDead(ctx context.Context) (int64, error) {

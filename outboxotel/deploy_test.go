@@ -71,7 +71,7 @@ func exported(t *testing.T) (families, labels map[string]bool) {
 var (
 	metricName = regexp.MustCompile(`\b(?:outbox|messaging)_[a-z_]+\b`)
 	labelName  = regexp.MustCompile(`\b(outbox_table|outbox_release_reason|outbox_unroutable_action|outbox_inbox_outcome|error_type|messaging_[a-z_]+)\s*(?:=~|=|!=|\))|by \(([^)]*)\)`)
-	gauge      = regexp.MustCompile(`\b(outbox_pending|outbox_parked|outbox_held|outbox_keys_blocked|outbox_oldest_pending_age_seconds)\b`)
+	gauge      = regexp.MustCompile(`\b(outbox_pending|outbox_ready|outbox_in_flight|outbox_delayed|outbox_parked|outbox_held|outbox_keys_blocked|outbox_oldest_pending_age_seconds|outbox_oldest_ready_age_seconds)\b`)
 )
 
 // checkExpr fails the test for a metric or label in expr that the

@@ -46,10 +46,15 @@ type Config struct {
 	// (otel.GetMeterProvider()).
 	MeterProvider metric.MeterProvider
 
-	// Store, when set, adds the gauges outbox.pending, outbox.parked,
-	// outbox.oldest_pending.age and outbox.keys.blocked, read on every
-	// collection with
-	// Store.Gauges: from partial indexes, counts stopping at GaugesLimit.
+	// Store, when set, adds the gauges of the table's messages by state,
+	// which mean what Store.Gauges' fields do: outbox.pending (every
+	// message not yet published, parked ones included), outbox.ready
+	// (claimable now), outbox.in_flight, outbox.delayed, outbox.held,
+	// outbox.parked, outbox.oldest_pending.age, outbox.oldest_ready.age and
+	// outbox.keys.blocked, read on every collection with Store.Gauges: from
+	// partial indexes, counts stopping at GaugesLimit. Alert on what should
+	// be moving with outbox.ready and outbox.oldest_ready.age: they leave
+	// parked messages out (outbox.parked has its own alert).
 	Store *outbox.Store
 
 	// GaugesLimit is where the pending and parked counts stop. Defaults to
@@ -147,21 +152,41 @@ func NewObserver(cfg *Config) (*Observer, error) {
 }
 
 func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, ready func() bool, unroutable func() relay.UnroutableStats) error {
-	pending, err1 := m.Int64ObservableGauge("outbox.pending", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages waiting to be published (claimed, backing off and held ones included, parked ones not: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from the claim index: a value at the limit means at least that many"))
-	held, err6 := m.Int64ObservableGauge("outbox.held", metric.WithUnit("{message}"),
-		metric.WithDescription("Pending messages held, in ordered mode, behind a failed message of their key, counted up to a limit"))
-	parked, err2 := m.Int64ObservableGauge("outbox.parked", metric.WithUnit("{message}"),
-		metric.WithDescription("Parked messages, which need an operator, counted up to a limit (100,000 by default) from the parked index"))
-	oldest, err3 := m.Float64ObservableGauge("outbox.oldest_pending.age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest message waiting to be published, 0 when none is, by the database clock"))
-	blocked, err5 := m.Int64ObservableGauge("outbox.keys.blocked", metric.WithUnit("{key}"),
-		metric.WithDescription("Keys with a parked message: in ordered mode their later messages wait for an operator (outbox retry or outbox discard)"))
-	readyGauge, err4 := m.Int64ObservableGauge("outbox.relay.ready", metric.WithUnit("{relay}"),
-		metric.WithDescription("1 while this relay is ready (its last round went through and its last claim is recent), 0 otherwise: summed, the relays ready"))
-	unrouted, err7 := m.Int64ObservableCounter("outbox.unroutable", metric.WithUnit("{message}"),
+	var errs []error
+	intGauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	ageGauge := func(name, desc string) metric.Float64ObservableGauge {
+		g, err := m.Float64ObservableGauge(name, metric.WithUnit("s"), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	pending := intGauge("outbox.pending", "{message}",
+		"Messages waiting to be published, all of them (ready, in flight, delayed, held and parked: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from partial indexes: a value at the limit means at least that many")
+	readyMsgs := intGauge("outbox.ready", "{message}",
+		"Messages a relay may claim now (neither claimed, backing off, held nor parked), counted up to a limit: what should be moving")
+	inFlight := intGauge("outbox.in_flight", "{message}",
+		"Messages claimed by a relay under an unexpired lease, counted up to a limit")
+	delayed := intGauge("outbox.delayed", "{message}",
+		"Messages waiting out the backoff after a failed attempt, counted up to a limit")
+	held := intGauge("outbox.held", "{message}",
+		"Messages held, in ordered mode, behind a failed message of their key, counted up to a limit")
+	parked := intGauge("outbox.parked", "{message}",
+		"Parked messages, which need an operator, counted up to a limit (100,000 by default) from the parked index")
+	oldest := ageGauge("outbox.oldest_pending.age",
+		"Age of the oldest message waiting to be published, parked ones included, 0 when none is, by the database clock")
+	oldestReady := ageGauge("outbox.oldest_ready.age",
+		"Age of the oldest message a relay may claim now, 0 when none is, by the database clock: how long what should be moving has waited")
+	blocked := intGauge("outbox.keys.blocked", "{key}",
+		"Keys with a parked message: in ordered mode their later messages wait for an operator (outbox retry or outbox discard)")
+	readyGauge := intGauge("outbox.relay.ready", "{relay}",
+		"1 while this relay is ready (its last round went through and its last claim is recent), 0 otherwise: summed, the relays ready")
+	unrouted, err := m.Int64ObservableCounter("outbox.unroutable", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages no queue was bound for, by outbox.unroutable.action: dropped (relay.UnroutableDrop) or diverted to the alternate exchange (relay.UnroutableAlternate); parked ones count in outbox.messages.failed"))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil {
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	dropped := metric.WithAttributes(attribute.String("outbox.unroutable.action", "dropped"))
@@ -194,8 +219,12 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		obs.ObserveFloat64(oldest, g.OldestPendingAge.Seconds(), attrs)
 		obs.ObserveInt64(blocked, g.BlockedKeys, attrs)
 		obs.ObserveInt64(held, g.Held, attrs)
+		obs.ObserveInt64(readyMsgs, g.Ready, attrs)
+		obs.ObserveInt64(inFlight, g.InFlight, attrs)
+		obs.ObserveInt64(delayed, g.Delayed, attrs)
+		obs.ObserveFloat64(oldestReady, g.OldestReadyAge.Seconds(), attrs)
 		return nil
-	}, pending, parked, oldest, blocked, held, readyGauge, unrouted)
+	}, pending, parked, oldest, blocked, held, readyMsgs, inFlight, delayed, oldestReady, readyGauge, unrouted)
 	o.reg = reg
 	return err
 }

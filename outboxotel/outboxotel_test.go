@@ -52,13 +52,17 @@ func TestObserverRecordsMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := dbtest.DB(t)
-	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t)})
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), MaxAttempts: 1, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
+	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}, outbox.Event{Type: "c"}))
 	require.NoError(t, tx.Commit())
+	claimed, err := store.Claim(ctx, 2, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	require.NoError(t, store.MarkFailed(ctx, claimed[1], "NO_ROUTE")) // b parked; a in flight, c ready
 
 	reader := sdkmetric.NewManualReader()
 	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), Store: store})
@@ -94,9 +98,18 @@ func TestObserverRecordsMetrics(t *testing.T) {
 		require.Equal(t, "s", got[name].Unit, name)
 	}
 
-	pending := got["outbox.pending"].Data.(metricdata.Gauge[int64])
-	require.EqualValues(t, 2, pending.DataPoints[0].Value)
-	require.EqualValues(t, 0, got["outbox.parked"].Data.(metricdata.Gauge[int64]).DataPoints[0].Value)
+	// Issue 38, item 1: pending counts them all, parked included, and
+	// each view counts what it says.
+	gauge := func(name string) int64 {
+		t.Helper()
+		g, ok := got[name].Data.(metricdata.Gauge[int64])
+		require.True(t, ok, "%s is an int64 gauge", name)
+		return g.DataPoints[0].Value
+	}
+	require.Equal(t, map[string]int64{"outbox.pending": 3, "outbox.ready": 1, "outbox.in_flight": 1, "outbox.delayed": 0, "outbox.held": 0, "outbox.parked": 1},
+		map[string]int64{"outbox.pending": gauge("outbox.pending"), "outbox.ready": gauge("outbox.ready"), "outbox.in_flight": gauge("outbox.in_flight"),
+			"outbox.delayed": gauge("outbox.delayed"), "outbox.held": gauge("outbox.held"), "outbox.parked": gauge("outbox.parked")})
+	require.Equal(t, "s", got["outbox.oldest_ready.age"].Unit)
 	require.EqualValues(t, 0, got["outbox.keys.blocked"].Data.(metricdata.Gauge[int64]).DataPoints[0].Value)
 	require.Equal(t, "s", got["outbox.oldest_pending.age"].Unit)
 

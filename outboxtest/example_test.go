@@ -93,7 +93,11 @@ func ExampleDeliver() {
 		_, err := tx.ExecContext(ctx, `INSERT INTO charges VALUES ($1)`, string(d.Body))
 		return err
 	}
-	for _, got := range outboxtest.Deliver(ctx, ib, amqp.Delivery{MessageId: "evt-1", Body: []byte("order-7")}, charge, 3) {
+	got, err := outboxtest.Deliver(ctx, ib, amqp.Delivery{MessageId: "evt-1", Body: []byte("order-7")}, charge, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, got := range got {
 		fmt.Println(got.Outcome, got.Settled)
 	}
 	var n int

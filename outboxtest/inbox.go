@@ -2,6 +2,8 @@ package outboxtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,8 +24,18 @@ type Delivered struct {
 // redelivers (or a relay that published twice) would, each time through
 // Handle with handler h and in the inbox's own transaction, and returns
 // what it did each time. d needs a MessageId; its Acknowledger is
-// replaced by one that records the answer, so no broker is needed.
-func Deliver(ctx context.Context, ib *inbox.Inbox, d amqp.Delivery, h inbox.Handler, times int) []Delivered {
+// replaced by one that records the answer, so no broker is needed. A nil
+// inbox or handler, or a negative times, is an error and nothing is
+// delivered.
+func Deliver(ctx context.Context, ib *inbox.Inbox, d amqp.Delivery, h inbox.Handler, times int) ([]Delivered, error) {
+	switch {
+	case ib == nil:
+		return nil, errors.New("outboxtest: Deliver needs an inbox (inbox.New), not nil")
+	case h == nil:
+		return nil, errors.New("outboxtest: Deliver needs a handler, not nil")
+	case times < 0:
+		return nil, fmt.Errorf("outboxtest: Deliver cannot deliver %d times: give 0 or more", times)
+	}
 	out := make([]Delivered, 0, times)
 	for i := range times {
 		ack := &recorder{}
@@ -32,7 +44,7 @@ func Deliver(ctx context.Context, ib *inbox.Inbox, d amqp.Delivery, h inbox.Hand
 		o, err := ib.Handle(ctx, &d, h)
 		out = append(out, Delivered{Outcome: o, Err: err, Settled: ack.answer()})
 	}
-	return out
+	return out, nil
 }
 
 // recorder is an amqp.Acknowledger that remembers its answer.

@@ -18,10 +18,15 @@
 package outboxtest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"math"
+	"math/big"
 	"reflect"
 	"strings"
 	"testing"
@@ -40,9 +45,11 @@ type Match struct {
 	RoutingKey string
 	// Payload is JSON that the event's payload must contain: every field
 	// it names, with the same value (objects are matched as subsets, at
-	// every depth; arrays element by element).
+	// every depth; arrays element by element; numbers by value, exactly).
+	// "null" matches only a payload that is JSON null.
 	Payload string
-	// Headers must all be among the event's headers, with these values.
+	// Headers must all be among the event's headers, with these values
+	// (a header given with the value "" must be present, empty).
 	Headers map[string]string
 }
 
@@ -139,7 +146,8 @@ func (m Match) String() string {
 func filter(all []Event, m Match) ([]Event, error) {
 	var want any
 	if m.Payload != "" {
-		if err := json.Unmarshal([]byte(m.Payload), &want); err != nil {
+		var err error
+		if want, err = decodeJSON([]byte(m.Payload)); err != nil {
 			return nil, fmt.Errorf("Match.Payload is not JSON: %v", err)
 		}
 	}
@@ -151,13 +159,13 @@ func filter(all []Event, m Match) ([]Event, error) {
 		}
 		ok := true
 		for k, v := range m.Headers {
-			if e.Headers[k] != v {
+			if got, has := e.Headers[k]; !has || got != v {
 				ok = false
 			}
 		}
-		if ok && want != nil {
-			var got any
-			ok = json.Unmarshal(e.Payload, &got) == nil && Contains(got, want)
+		if ok && m.Payload != "" {
+			got, err := decodeJSON(e.Payload)
+			ok = err == nil && Contains(got, want)
 		}
 		if ok {
 			out = append(out, e)
@@ -166,9 +174,27 @@ func filter(all []Event, m Match) ([]Event, error) {
 	return out, nil
 }
 
+// decodeJSON decodes one JSON value, its numbers as json.Number, so that
+// they compare exactly: as float64, 12345678901234567891 would equal
+// 12345678901234567890.
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("more than one JSON value")
+	}
+	return v, nil
+}
+
 // Contains reports whether got contains want, as decoded JSON values:
 // objects as subsets at every depth, arrays element by element, other
-// values equal.
+// values equal (null only to null). Numbers compare by value, exactly:
+// decode with json.Decoder.UseNumber to keep large integers and long
+// fractions whole (a float64 keeps 15 to 17 digits).
 func Contains(got, want any) bool {
 	switch w := want.(type) {
 	case map[string]any:
@@ -194,8 +220,27 @@ func Contains(got, want any) bool {
 			}
 		}
 		return true
+	case json.Number, float64:
+		wn, gn := number(w), number(got)
+		return wn != nil && gn != nil && wn.Cmp(gn) == 0
 	}
 	return reflect.DeepEqual(got, want)
+}
+
+// number returns v's exact value when it is a decoded JSON number, nil
+// otherwise.
+func number(v any) *big.Rat {
+	switch n := v.(type) {
+	case json.Number:
+		if r, ok := new(big.Rat).SetString(n.String()); ok {
+			return r
+		}
+	case float64:
+		if !math.IsInf(n, 0) && !math.IsNaN(n) {
+			return new(big.Rat).SetFloat64(n)
+		}
+	}
+	return nil
 }
 
 // listing prints events for a failure message, one a line.
@@ -218,8 +263,21 @@ func listing(all []Event) string {
 	return b.String()
 }
 
+// eventsQuery reads the events of a table of the rows layout, or of the
+// view of a table of the log layout (its events with their state, in the
+// columns of the rows layout).
 const eventsQuery = `SELECT id::text, event_type, event_key, exchange, routing_key, content_type, payload, headers::text, published_at IS NOT NULL
 FROM %s ORDER BY seq, id`
+
+// layoutQuery says what the table is, as the store reads it, without a
+// statement that can fail (which would abort the caller's transaction):
+// whether it exists and is a plain table, whether it has the rows
+// layout's published_at column, and whether the log layout's marker and
+// view exist.
+const layoutQuery = `SELECT c.relkind::text,
+	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'published_at' AND NOT attisdropped),
+	to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL
+FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.oid`
 
 type sqlQuerier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -229,39 +287,90 @@ type pgxQuerier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
+type scanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// query runs q through src; done closes the rows.
+func query(ctx context.Context, src any, table, q string, args ...any) (rows scanner, done func(), err error) {
+	switch s := src.(type) {
+	case nil:
+		return nil, nil, fmt.Errorf("nothing to read %s with (nil)", table)
+	case sqlQuerier:
+		r, err := s.QueryContext(ctx, q, args...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading %s: %w", table, err)
+		}
+		return r, func() { r.Close() }, nil
+	case pgxQuerier:
+		r, err := s.Query(ctx, q, args...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading %s: %w", table, err)
+		}
+		return r, r.Close, nil
+	}
+	return nil, nil, fmt.Errorf("cannot read %s with a %T: pass a *sql.Tx or *sql.DB (GORM: tx.Statement.ConnPool; ent: a Tx generated with sql/execquery) or a pgx.Tx, *pgx.Conn or *pgxpool.Pool", table, src)
+}
+
+// relation returns the relation that holds t's events in the columns of
+// the rows layout: the table itself (rows layout) or its view (log
+// layout), found as the store finds the layout.
+func relation(ctx context.Context, src any, table string, t sqlident.Table) (string, error) {
+	qualified := func(suffix string) string {
+		schema, _, ok := strings.Cut(t.Quoted, ".")
+		name := `"` + t.Name + suffix + `"`
+		if ok {
+			return schema + "." + name
+		}
+		return name
+	}
+	meta, view := qualified("_log"), qualified("_messages")
+	rows, done, err := query(ctx, src, table, layoutQuery, t.Quoted, meta, view)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	var (
+		kind                  sql.NullString
+		hasRows, hasMeta, has bool
+	)
+	if rows.Next() {
+		err = rows.Scan(&kind, &hasRows, &hasMeta, &has)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the layout of %s: %w", table, err)
+	}
+	switch {
+	case !kind.Valid:
+		return "", fmt.Errorf("table %s does not exist (or is not visible to this connection): create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", table)
+	case hasMeta && kind.String == "p" && has:
+		return view, nil
+	case hasMeta && kind.String == "p":
+		return "", fmt.Errorf("%w: %s has the log layout but no view %s: bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent)", outbox.ErrInvalidTable, table, view)
+	case hasRows && kind.String == "r":
+		return t.Quoted, nil
+	}
+	return "", fmt.Errorf("%w: %s is neither an outbox table of the rows layout (no published_at column) nor one of the log layout (no %s table): is it an outbox table?", outbox.ErrInvalidTable, table, meta)
+}
+
 // read returns the events of table that src sees.
 func read(ctx context.Context, src any, table string) ([]Event, error) {
 	t, err := sqlident.ParseTable(table)
 	if err != nil {
 		return nil, fmt.Errorf("%w name %v", outbox.ErrInvalidTable, err)
 	}
-	q := fmt.Sprintf(eventsQuery, t.Quoted)
-	type scanner interface {
-		Next() bool
-		Scan(dest ...any) error
-		Err() error
+	rel, err := relation(ctx, src, table, t)
+	if err != nil {
+		return nil, err
 	}
-	var (
-		rows scanner
-		done func()
-	)
-	switch s := src.(type) {
-	case nil:
-		return nil, fmt.Errorf("nothing to read %s with (nil)", table)
-	case sqlQuerier:
-		r, err := s.QueryContext(ctx, q)
-		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", table, err)
-		}
-		rows, done = r, func() { r.Close() }
-	case pgxQuerier:
-		r, err := s.Query(ctx, q)
-		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", table, err)
-		}
-		rows, done = r, r.Close
-	default:
-		return nil, fmt.Errorf("cannot read %s with a %T: pass a *sql.Tx or *sql.DB (GORM: tx.Statement.ConnPool; ent: a Tx generated with sql/execquery) or a pgx.Tx, *pgx.Conn or *pgxpool.Pool", table, src)
+	rows, done, err := query(ctx, src, table, fmt.Sprintf(eventsQuery, rel))
+	if err != nil {
+		return nil, err
 	}
 	defer done()
 	var out []Event
@@ -273,10 +382,8 @@ func read(ctx context.Context, src any, table string) ([]Event, error) {
 		if err := rows.Scan(&e.ID, &e.Type, &e.Key, &e.Exchange, &e.RoutingKey, &e.ContentType, &e.Payload, &headers, &e.Published); err != nil {
 			return nil, fmt.Errorf("reading %s: %w", table, err)
 		}
-		if len(headers) > 2 {
-			if err := json.Unmarshal([]byte(headers), &e.Headers); err != nil {
-				return nil, fmt.Errorf("reading %s: headers of %s: %w", table, e.ID, err)
-			}
+		if e.Headers, err = decodeHeaders(headers); err != nil {
+			return nil, fmt.Errorf("reading %s: headers of %s: %w", table, e.ID, err)
 		}
 		out = append(out, e)
 	}
@@ -284,4 +391,27 @@ func read(ctx context.Context, src any, table string) ([]Event, error) {
 		return nil, fmt.Errorf("reading %s: %w", table, err)
 	}
 	return out, nil
+}
+
+// decodeHeaders decodes a row's headers: a value that is not a string (a
+// row written by SQL, which the relay parks) is kept as its JSON text, so
+// that a test can still see the row.
+func decodeHeaders(s string) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, err
+	}
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	h := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var str string
+		if json.Unmarshal(v, &str) == nil {
+			h[k] = str
+		} else {
+			h[k] = string(v)
+		}
+	}
+	return h, nil
 }

@@ -269,18 +269,8 @@ func (p *AMQPPublisher) Check(ctx context.Context) error {
 	if p == nil || p.closed.Load() {
 		return ErrPublisherClosed
 	}
-	p.lanesMu.Lock()
-	lanes := p.lanes
-	p.lanesMu.Unlock()
-	for _, l := range lanes {
-		if !l.mu.TryLock() {
-			return nil // publishing: its outcome, not a check, tells
-		}
-		connected := l.conn != nil && !l.conn.IsClosed()
-		l.mu.Unlock()
-		if connected {
-			return nil
-		}
+	if connected, busy := p.lanesConnected(); connected || busy {
+		return nil // a lane publishing: its outcome, not a check, tells
 	}
 	l := p.lane() // no open connection: open one, as the next Publish would
 	defer l.mu.Unlock()
@@ -289,6 +279,53 @@ func (p *AMQPPublisher) Check(ctx context.Context) error {
 	}
 	return nil
 }
+
+// prober is a Publisher that can tell, without publishing, whether the
+// broker answers: the relay asks while it backs off after a broker fault,
+// and claims again as soon as it does.
+type prober interface {
+	probe(ctx context.Context) error
+}
+
+// probe reports whether the broker answers: nil when a free lane's
+// connection is open, or when one opens now (and stays, for the next
+// publish). Unlike Check, a lane busy publishing proves nothing. A failed
+// dial is logged at debug level: the relay's backoff has said the broker
+// is unavailable.
+func (p *AMQPPublisher) probe(ctx context.Context) error {
+	if p.closed.Load() {
+		return ErrPublisherClosed
+	}
+	if connected, _ := p.lanesConnected(); connected {
+		return nil
+	}
+	l := p.lane()
+	defer l.mu.Unlock()
+	return l.ensureChannel(context.WithValue(ctx, quietDial{}, true))
+}
+
+// lanesConnected reports whether a lane not busy publishing has an open
+// connection, and whether a lane is busy publishing.
+func (p *AMQPPublisher) lanesConnected() (connected, busy bool) {
+	p.lanesMu.Lock()
+	lanes := p.lanes
+	p.lanesMu.Unlock()
+	for _, l := range lanes {
+		if !l.mu.TryLock() {
+			busy = true
+			continue
+		}
+		c := l.conn != nil && !l.conn.IsClosed()
+		l.mu.Unlock()
+		if c {
+			return true, busy
+		}
+	}
+	return false, busy
+}
+
+// quietDial, as a context's value, makes a failed dial log at debug level.
+type quietDial struct{}
 
 // Concurrent reports that Publish may be called concurrently.
 func (p *AMQPPublisher) Concurrent() bool { return true }

@@ -94,7 +94,11 @@ func (p *amqpLane) dial(ctx context.Context) error {
 		conn, gather, err := p.dialer.DialGather(ctx, i)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p.dialer.Display(i), err))
-			p.logger.WarnContext(ctx, "relay: Cannot connect to broker node", slog.String("node", p.dialer.Display(i)), slog.String("error", err.Error()))
+			level := slog.LevelWarn
+			if ctx.Value(quietDial{}) != nil {
+				level = slog.LevelDebug
+			}
+			p.logger.Log(ctx, level, "relay: Cannot connect to broker node", slog.String("node", p.dialer.Display(i)), slog.String("error", err.Error()))
 			continue
 		}
 		p.next = (i + 1) % n // a reconnect tries the other nodes first

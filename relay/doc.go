@@ -29,7 +29,12 @@
 // own: that one alone is failed. A broker fault (no connection, a lost
 // connection or channel, no confirm in time, a nack) is not the message's:
 // it is released without an attempt, and the relay backs off and
-// reconnects. See ErrBrokerUnavailable and PublishError.
+// reconnects. While it backs off, AMQPPublisher is asked whether the broker
+// answers (after 250ms, then at doubling intervals up to 2s, each a dial
+// when no connection is open, claiming nothing), and the backoff ends at
+// the first answer: messages written during an outage go out as soon as
+// the broker is back, not when a backoff grown during the outage ends. See
+// ErrBrokerUnavailable and PublishError.
 //
 // A settle (mark or release) that fails for a reason other than a lost
 // lease, such as a database session that was terminated, is retried on a

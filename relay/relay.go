@@ -20,6 +20,7 @@ const (
 	LeaseDefault           = 30 * time.Second
 	LeaseMin               = time.Second // shorter leases run out under an ordinary batch
 	PollIntervalDefault    = 100 * time.Millisecond
+	PollIntervalMin        = time.Millisecond // shorter, an idle relay claims thousands of times a second
 	PublishTimeoutDefault  = 10 * time.Second
 	PurgeIntervalDefault   = time.Hour
 	ShutdownTimeoutDefault = 10 * time.Second
@@ -27,6 +28,8 @@ const (
 	settleRetryMin         = 25 * time.Millisecond
 	settleRetryMax         = time.Second
 	backoffMin             = 100 * time.Millisecond
+	probeFirst             = 250 * time.Millisecond // see brokerBackoff
+	probeMax               = 2 * time.Second
 	pollFirst              = 3 * time.Millisecond // the wait after a short or an empty claim
 	wakeBurst              = 8                    // empty claims pollFirst apart after a wake-up
 )
@@ -68,7 +71,7 @@ type Config struct {
 	// after every further empty claim, up to PollInterval. It is the
 	// longest a new message waits without a wake-up. An idle relay makes
 	// 1/PollInterval claims a second, each one cheap query on a partial
-	// index. Defaults to 100ms.
+	// index. At least PollIntervalMin (1ms). Defaults to 100ms.
 	PollInterval time.Duration
 
 	// PublishTimeout bounds publishing one batch, confirms included.
@@ -125,8 +128,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("relay: Config.BackoffMax must be at least %s (got %s)", backoffMin, c.BackoffMax)
 	case c.Lease < LeaseMin:
 		return fmt.Errorf("relay: Config.Lease must be at least %s (got %s): a batch still being published or marked when its lease runs out is published again by another relay", LeaseMin, c.Lease)
-	case c.PollInterval <= 0:
-		return fmt.Errorf("relay: Config.PollInterval must be positive (got %s)", c.PollInterval)
+	case c.PollInterval < PollIntervalMin:
+		return fmt.Errorf("relay: Config.PollInterval must be at least %s (got %s): an idle relay claims once per PollInterval, so a shorter one makes thousands of database transactions a second that find nothing", PollIntervalMin, c.PollInterval)
 	case c.PublishTimeout <= 0:
 		return fmt.Errorf("relay: Config.PublishTimeout must be positive (got %s)", c.PublishTimeout)
 	case c.PublishTimeout >= c.Lease:

@@ -295,6 +295,9 @@ func TestConfigValidation(t *testing.T) {
 		{Config{Lease: 90 * time.Millisecond}, "Config.Lease must be at least 1s (got 90ms)"}, // issue 18, item 5
 		{Config{Lease: time.Second, PublishTimeout: 2 * time.Second}, "Config.PublishTimeout (2s) must be shorter than Config.Lease (1s)"},
 		{Config{PollInterval: -time.Second}, "Config.PollInterval"},
+		// Issue 47, item 11: 1ns made an idle relay claim 2,400 times a second.
+		{Config{PollInterval: time.Nanosecond}, "Config.PollInterval must be at least 1ms (got 1ns): an idle relay claims once per PollInterval"},
+		{Config{PollInterval: 999 * time.Microsecond}, "Config.PollInterval must be at least 1ms (got 999µs)"},
 		{Config{BackoffMax: time.Millisecond}, "Config.BackoffMax"},
 		{Config{PurgeAfter: -time.Second}, "Config.PurgeAfter"},
 		{Config{ShutdownTimeout: -time.Second}, "Config.ShutdownTimeout"},
@@ -313,6 +316,8 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "publisher is nil")
 	_, err = New(store, PublisherFunc(nil), nil)
 	require.ErrorContains(t, err, "publisher is nil")
+	_, err = New(store, pub, &Config{PollInterval: PollIntervalMin})
+	require.NoError(t, err, "the floor itself")
 	// Issue 9, item 4: a Lease alone is enough; PublishTimeout follows it.
 	r, err := New(store, pub, &Config{Lease: 5 * time.Second})
 	require.NoError(t, err)
@@ -717,5 +722,85 @@ func TestSettleWakesTheClaimerOnlyWhenOrdered(t *testing.T) {
 		require.Equal(t, ordered, len(p.settled) == 1, "ordered=%v: the claimer woken", ordered)
 		require.Len(t, p.slots, 1, "ordered=%v: the slot given back", ordered)
 		require.Equal(t, int64(1), r.Stats().Published, "ordered=%v", ordered)
+	}
+}
+
+// probingPublisher is a broker that is down for the first down publishes,
+// and to its probes until up is set.
+type probingPublisher struct {
+	mu        sync.Mutex
+	down      int // publishes still to fail
+	up        bool
+	published int
+	probed    []bool // each probe's outcome
+}
+
+func (p *probingPublisher) Publish(_ context.Context, m []outbox.Message) []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	errs := make([]error, len(m))
+	if p.down > 0 {
+		p.down--
+		for i := range errs {
+			errs[i] = brokerFault(m[i].ID, ClassConnection, "connection refused", nil)
+		}
+		return errs
+	}
+	p.published += len(m)
+	return errs
+}
+
+func (p *probingPublisher) probe(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.probed = append(p.probed, p.up)
+	if !p.up {
+		return errors.New("connection refused")
+	}
+	return nil
+}
+
+func (p *probingPublisher) Close() error { return nil }
+
+// Issue 47.12: after a broker outage, the relay claims again as soon as the
+// broker answers, not when a backoff grown during the outage ends: while
+// it backs off it probes, after 250ms at first, doubling to 2s, and the
+// backoff ends at the first probe that works. The loop's waits are
+// recorded, not slept.
+func TestBrokerBackoffEndsWhenTheBrokerAnswers(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	for range 8 {
+		store.push(msgs("m")...)
+	}
+	// Seven batches meet the outage: the seventh backoff is 3.2s to 6.4s.
+	// The broker is back after three of its steps.
+	pub := &probingPublisher{down: 7}
+	var waits, last []time.Duration
+	ctx, cancel := context.WithCancel(context.Background())
+	r := newTestRelay(t, store, pub, &Config{BackoffMax: time.Hour, PollInterval: time.Hour})
+	r.sleepHook = func(d time.Duration, _ bool) woken {
+		waits = append(waits, d)
+		pub.mu.Lock()
+		defer pub.mu.Unlock()
+		switch {
+		case pub.published > 0:
+			cancel() // the eighth batch went out
+		case pub.down == 0 && !pub.up:
+			last = append(last, d)
+			pub.up = len(last) == 3
+		}
+		return notWoken
+	}
+	require.NoError(t, r.Run(ctx))
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	require.Equal(t, 1, pub.published, "the eighth batch is published once the broker answers")
+	require.Equal(t, int64(7), r.Stats().Released)
+	require.Equal(t, []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second}, last,
+		"the last backoff ends at the probe after its third step, not after 3.2s or more")
+	require.True(t, pub.probed[len(pub.probed)-1], "and the probe that ended it found the broker")
+	for _, d := range waits {
+		require.LessOrEqual(t, d, probeMax, "no step of a backoff is longer than probeMax: %v", waits)
 	}
 }

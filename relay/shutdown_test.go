@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
 	"github.com/acemq/outbox/relay"
 )
@@ -81,4 +82,23 @@ func TestShutdownWhileDialingABlackHoledBroker(t *testing.T) {
 	require.EqualValues(t, 5, r.Stats().Released, "the claimed messages are given back")
 	require.EqualValues(t, 5, b.pending(t))
 	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "a shutdown burns no attempts")
+}
+
+// TestProbeTellsWhetherTheBrokerAnswers: the probe the relay makes while
+// it backs off after a broker fault fails while the broker does not answer
+// (bounded by its context), and works once it does, leaving the
+// connection it opened to the next publish.
+func TestProbeTellsWhetherTheBrokerAnswers(t *testing.T) {
+	t.Parallel()
+	proxy := amqptest.NewProxy(t)
+	pub := newPublisher(t, &relay.AMQPConfig{URL: proxy.URL()})
+	proxy.Stall()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	require.Error(t, relay.Probe(ctx, pub), "a broker that does not answer")
+	proxy.Unstall()
+	require.NoError(t, relay.Probe(context.Background(), pub), "the broker answers again")
+	require.NoError(t, pub.Check(context.Background()), "and left its connection open")
+	require.NoError(t, pub.Close())
+	require.ErrorIs(t, relay.Probe(context.Background(), pub), relay.ErrPublisherClosed)
 }

@@ -68,7 +68,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.published, "published", 1_000_000, "with --claims: published rows of history")
 	c.fs.IntVar(&o.pending, "pending", 100_000, "with --claims: messages waiting")
 	c.fs.IntVar(&o.blocked, "blocked", 0, "with --claims: also measure ordered claims with one key blocked by a parked message and this many of its messages written after it, before and after Store.Reconcile sets them aside")
-	c.fs.StringVar(&o.layout, "layout", "", "the scratch table's layout: log (the default, as `outbox schema` creates) or rows; with --claims, rows")
+	c.fs.StringVar(&o.layout, "layout", "", "the scratch table's layout: log (the default, the one outbox schema creates) or rows; with --claims, rows")
 	cpuProfile := c.fs.String("cpuprofile", "", "write a CPU profile of the bench process (writers, relay and consumer) to this file")
 	if err := c.parse(args); err != nil {
 		return err
@@ -95,8 +95,8 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	}); err != nil {
 		return err
 	}
-	if o.rate < 0 || o.rate > maxRate {
-		return c.usageError("--rate must be between 0 and %d messages per second", maxRate)
+	if err := c.checkRate(o.rate, true); err != nil {
+		return err
 	}
 	if o.claims {
 		if err := c.positive(map[string]int64{"published": int64(o.published), "pending": int64(o.pending)}); err != nil {

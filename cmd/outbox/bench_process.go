@@ -30,6 +30,7 @@ func (b *bencher) startRelayProcess(st *outbox.Store) (func() relay.Stats, error
 		args = append(args, "--ordered")
 	}
 	cmd := exec.Command(exe, args...)
+	cmd.SysProcAttr = childAttr()
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.o.databaseURL, "AMQP_URL="+strings.Join(b.urls, ","))
 	var stdout, stderr syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -140,17 +141,26 @@ type common struct {
 // newCommon starts a command's flags: --database-url, and --table with
 // the given default unless table is "" (a command on a table of its own).
 func newCommon(name string, x *cli, table string) *common {
-	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError), table: table}
-	c.fs.SetOutput(x.stderr)
-	c.fs.Usage = func() {
-		fmt.Fprintf(c.fs.Output(), "Usage: %s\n\nFlags:\n", strings.TrimSpace("outbox "+name+" [flags] "+c.positional))
-		c.fs.PrintDefaults()
-	}
+	c := newBrokerCommon(name, x)
+	c.table = table
 	// The default is never taken from the environment here: flag prints
 	// defaults in its usage text, and DATABASE_URL holds a password.
 	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string (default $DATABASE_URL)")
 	if table != "" {
 		c.fs.Var(&onceFlag{p: &c.table}, "table", "the `table`, optionally schema-qualified")
+	}
+	return c
+}
+
+// newBrokerCommon starts the flags of a command that does not use the
+// database (outbox declare, outbox inbox replay): no --database-url, no
+// --table.
+func newBrokerCommon(name string, x *cli) *common {
+	c := &common{cli: x, name: name, fs: flag.NewFlagSet("outbox "+name, flag.ContinueOnError)}
+	c.fs.SetOutput(x.stderr)
+	c.fs.Usage = func() {
+		fmt.Fprintf(c.fs.Output(), "Usage: %s\n\nFlags:\n", strings.TrimSpace("outbox "+name+" [flags] "+c.positional))
+		c.fs.PrintDefaults()
 	}
 	return c
 }
@@ -255,6 +265,30 @@ func (c *common) positive(vals map[string]int64) error {
 	}
 	return nil
 }
+
+// checkRate refuses a --rate that is not a number of messages per second
+// from 0 (from minRate unless zeroOK) to maxRate: NaN compares false with
+// every bound, so it passed them.
+func (c *common) checkRate(rate float64, zeroOK bool) error {
+	bounds := fmt.Sprintf("between 0 and %d", maxRate)
+	if !zeroOK {
+		bounds = fmt.Sprintf("above 0 and at most %d", maxRate)
+	}
+	switch {
+	case math.IsNaN(rate) || math.IsInf(rate, 0):
+		return c.usageError("--rate %g is not a number of messages per second: give one %s", rate, bounds)
+	case rate < 0 || (rate == 0 && !zeroOK) || rate > maxRate:
+		return c.usageError("--rate must be %s messages per second (got %g)", bounds, rate)
+	case rate > 0 && rate < minRate:
+		// The interval between writes would overflow a time.Duration
+		// (and, negative, make the writers write as fast as they can).
+		return c.usageError("--rate %g is too slow: at least %g messages per second (one every %s)", rate, minRate, time.Duration(float64(time.Second)/minRate))
+	}
+	return nil
+}
+
+// minRate is the slowest --rate above 0.
+const minRate = 0.001
 
 // open connects to the database, with errors that say what to do, and
 // returns a store on the command's table configured by cfg (nil: defaults).

@@ -84,7 +84,11 @@ func TestOperatorCommands(t *testing.T) {
 
 	code, out, _ := outboxCmd(t, nil, "status", "--table", table)
 	require.Equal(t, 0, code)
-	require.Regexp(t, `pending\s+1\n`, out, "parked messages are not pending (issue 18, item 3)")
+	// Issue 38, item 1: pending is every message not yet published,
+	// parked ones included; ready is what should be moving.
+	require.Regexp(t, `pending\s+3\n`, out, "d ready, a and b parked: all pending")
+	require.Regexp(t, `ready\s+1\n`, out)
+	require.Regexp(t, `in flight\s+0\n`, out)
 	require.Regexp(t, `parked\s+2\n`, out)
 	require.Contains(t, out, "outbox parked --table "+table)
 
@@ -191,8 +195,8 @@ func TestOrderedOperatorCommands(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "give the ids of the parked messages")
 	code, _, errOut = outboxCmd(t, nil, "discard", "--table", table, "nope")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, `"nope" is not a message id`)
+	require.Equal(t, 2, code, "a usage error, found before anything is read (issue 47, item 12)")
+	require.Contains(t, errOut, `"nope", is not a message id`)
 }
 
 func TestRelayDaemon(t *testing.T) {

@@ -2,19 +2,27 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode"
+
+	"github.com/google/uuid"
 
 	"github.com/acemq/outbox"
 )
 
 func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("status", x, outbox.TableDefault)
+	asJSON := c.fs.Bool("json", false, "print the counts as one JSON document (keys in snake_case, ages in seconds)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -27,21 +35,40 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return c.explain(err)
 	}
+	// Only an ordered table has keys to block: an unordered one shows no
+	// blocked keys, whatever its parked messages' keys.
+	ordering, err := store.TableOrdering(ctx)
+	if err != nil {
+		return c.explain(err)
+	}
+	ordered := ordering == outbox.OrderedByKey
+	if *asJSON {
+		return writeJSON(c.stdout, statusJSON(c.table, ordered, st))
+	}
 	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "table\t%s\n", c.table)
 	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
-	fmt.Fprintf(w, "claimed\t%d\n", st.Claimed)
-	fmt.Fprintf(w, "held\t%d\n", st.Held)
+	fmt.Fprintf(w, "  ready\t%d\n", st.Ready)
+	fmt.Fprintf(w, "  in flight\t%d\n", st.InFlight)
+	fmt.Fprintf(w, "  delayed\t%d\n", st.Delayed)
+	fmt.Fprintf(w, "  held\t%d\n", st.Held)
+	fmt.Fprintf(w, "  parked\t%d\n", st.Parked)
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
-	fmt.Fprintf(w, "parked\t%d\n", st.Parked)
-	fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
+	fmt.Fprintf(w, "oldest ready\t%s\n", st.OldestReadyAge.Round(time.Second))
+	if ordered {
+		fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
+	}
 	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
-	fmt.Fprintf(w, "\npending: waiting to be published, claimed and held ones included, parked ones not (as outbox_pending)\n")
-	fmt.Fprintf(w, "held: in ordered mode, behind a failed message of their key; blocked keys: keys with a parked message\n")
+	fmt.Fprintf(w, "\npending: every message not yet published, the five below it added up (as outbox_pending)\n")
+	fmt.Fprintf(w, "ready: claimable now (outbox_ready); in flight: claimed by a relay; delayed: backing off after a failure\n")
+	fmt.Fprintf(w, "parked: out of attempts, waiting for an operator\n")
+	if ordered {
+		fmt.Fprintf(w, "held: in ordered mode, behind a failed message of their key; blocked keys: keys with a parked message\n")
+	}
 	if st.Parked > 0 {
 		fmt.Fprintf(w, "\nparked messages need a look: outbox parked --table %s\n", c.table)
 	}
-	if st.BlockedKeys > 0 {
+	if ordered && st.BlockedKeys > 0 {
 		fmt.Fprintf(w, "in ordered mode, a key with a parked message is blocked: its later messages wait until it is retried or discarded\n")
 	}
 	return w.Flush()
@@ -50,11 +77,16 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 func cmdParked(ctx context.Context, x *cli, args []string) error {
 	c := newCommon("parked", x, outbox.TableDefault)
 	limit := c.fs.Int("limit", 50, "most messages to list, most recently parked first")
+	asJSON := c.fs.Bool("json", false, "print the messages as one JSON array, each with its whole last error and its headers")
+	full := c.fs.Bool("full", false, "print each message as a block, with its whole last error (lines kept) and its headers, instead of a table that cuts the error short")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	if err := c.positive(map[string]int64{"limit": int64(*limit)}); err != nil {
 		return err
+	}
+	if *asJSON && *full {
+		return c.usageError("--json and --full are two outputs: give one")
 	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
@@ -65,32 +97,170 @@ func cmdParked(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return c.explain(err)
 	}
+	if *asJSON {
+		return writeJSON(c.stdout, parkedJSON(msgs))
+	}
 	if len(msgs) == 0 {
 		fmt.Fprintln(c.stdout, "no parked messages")
 		return nil
 	}
-	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tEVENT TYPE\tBLOCKED KEY\tATTEMPTS\tPARKED AT\tLAST ERROR")
-	for _, m := range msgs {
-		key := "-" // no key: blocks nothing
-		if m.Key != "" {
-			key = printable(m.Key, 40)
+	ordering, err := store.TableOrdering(ctx)
+	if err != nil {
+		return c.explain(err)
+	}
+	ordered := ordering == outbox.OrderedByKey
+	keyTitle := "KEY"
+	if ordered {
+		keyTitle = "BLOCKED KEY" // in ordered mode the key waits for this message
+	}
+	if *full {
+		printParkedFull(c.stdout, msgs, strings.ToLower(keyTitle))
+	} else {
+		w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(w, "ID\tEVENT TYPE\t%s\tATTEMPTS\tPARKED AT\tLAST ERROR\n", keyTitle)
+		cut := false
+		for _, m := range msgs {
+			key := "-" // no key: blocks nothing
+			if m.Key != "" {
+				key = printable(m.Key, 40)
+			}
+			lastError := printable(m.LastError, lastErrorWidth)
+			cut = cut || lastError != printable(m.LastError, -1)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, printable(m.EventType, 60), key, m.Attempts, m.ParkedAt.UTC().Format(time.RFC3339), lastError)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, printable(m.EventType, 60), key, m.Attempts, m.ParkedAt.UTC().Format(time.RFC3339), printable(m.LastError, 120))
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		if cut {
+			fmt.Fprintf(c.stdout, "\nsome errors are cut short (…): --full prints them whole, --json as JSON\n")
+		}
 	}
-	if err := w.Flush(); err != nil {
-		return err
+	fmt.Fprintln(c.stdout)
+	if ordered {
+		fmt.Fprintf(c.stdout, "in ordered mode each key shown is blocked: its later messages wait until its parked message is retried or discarded\n")
 	}
-	fmt.Fprintf(c.stdout, "\nin ordered mode each key shown is blocked: its later messages wait until its parked message is retried or discarded\n")
 	fmt.Fprintf(c.stdout, "re-arm with: outbox retry --table %s ID... (or --all-parked)\n", c.table)
 	fmt.Fprintf(c.stdout, "give up with: outbox discard --table %s ID...\n", c.table)
 	return nil
 }
 
+// lastErrorWidth is how much of a last error the table of outbox parked
+// shows; --full and --json show it whole.
+const lastErrorWidth = 120
+
+// printParkedFull prints each parked message as a block of fields, its
+// last error whole, one line of the error per line of output.
+func printParkedFull(out io.Writer, msgs []outbox.Message, keyTitle string) {
+	for i, m := range msgs {
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		key := "-"
+		if m.Key != "" {
+			key = printable(m.Key, -1)
+		}
+		fmt.Fprintf(w, "id\t%s\n", m.ID)
+		fmt.Fprintf(w, "event type\t%s\n", printable(m.EventType, -1))
+		fmt.Fprintf(w, "%s\t%s\n", keyTitle, key)
+		fmt.Fprintf(w, "exchange\t%s\n", printable(m.Exchange, -1))
+		fmt.Fprintf(w, "routing key\t%s\n", printable(m.RoutingKey, -1))
+		fmt.Fprintf(w, "attempts\t%d\n", m.Attempts)
+		fmt.Fprintf(w, "created at\t%s\n", m.CreatedAt.UTC().Format(time.RFC3339Nano))
+		fmt.Fprintf(w, "parked at\t%s\n", m.ParkedAt.UTC().Format(time.RFC3339Nano))
+		for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
+			fmt.Fprintf(w, "header\t%s: %s\n", printable(k, -1), printable(m.Headers[k], -1))
+		}
+		lines := strings.Split(strings.TrimRight(strings.ReplaceAll(m.LastError, "\r\n", "\n"), "\n"), "\n")
+		for j, line := range lines {
+			title := ""
+			if j == 0 {
+				title = "last error"
+			}
+			fmt.Fprintf(w, "%s\t%s\n", title, printable(line, -1))
+		}
+		_ = w.Flush()
+	}
+}
+
+// parkedMessage is a parked message as outbox parked --json prints it.
+type parkedMessage struct {
+	ID         string            `json:"id"`
+	Type       string            `json:"type"`
+	Key        string            `json:"key"`
+	Exchange   string            `json:"exchange"`
+	RoutingKey string            `json:"routing_key"`
+	Attempts   int               `json:"attempts"`
+	CreatedAt  time.Time         `json:"created_at"`
+	ParkedAt   time.Time         `json:"parked_at"`
+	LastError  string            `json:"last_error"`
+	Headers    map[string]string `json:"headers"`
+}
+
+func parkedJSON(msgs []outbox.Message) []parkedMessage {
+	out := make([]parkedMessage, 0, len(msgs)) // none: [], not null
+	for _, m := range msgs {
+		h := m.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		out = append(out, parkedMessage{ID: m.ID, Type: m.EventType, Key: m.Key, Exchange: m.Exchange, RoutingKey: m.RoutingKey,
+			Attempts: m.Attempts, CreatedAt: m.CreatedAt.UTC(), ParkedAt: m.ParkedAt.UTC(), LastError: m.LastError, Headers: h})
+	}
+	return out
+}
+
+// statusJSON is outbox status --json's document: the table, whether it is
+// ordered, and every count of outbox.Stats under its name in snake_case (a
+// duration in seconds, name_seconds), so that a count Stats gains is in
+// the document too. An unordered table has no blocked keys: the count is
+// left out.
+func statusJSON(table string, ordered bool, st outbox.Stats) map[string]any {
+	doc := map[string]any{"table": table, "ordered": ordered}
+	v := reflect.ValueOf(st)
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		if !f.IsExported() || f.Name == "BlockedKeys" && !ordered {
+			continue
+		}
+		name := snakeCase(f.Name)
+		switch x := v.Field(i).Interface().(type) {
+		case time.Duration:
+			doc[name+"_seconds"] = x.Seconds()
+		default:
+			doc[name] = x
+		}
+	}
+	return doc
+}
+
+// snakeCase turns a Go field name into a JSON key: OldestPendingAge is
+// oldest_pending_age.
+func snakeCase(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// writeJSON prints v as one indented JSON document.
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 // printable makes text from the table safe for a terminal and a table
 // layout: whitespace runs become one space, other control characters
 // (escape sequences, say) are shown escaped, and the text is cut to n
-// characters, never inside one.
+// characters, never inside one (n < 0: not cut).
 func printable(s string, n int) string {
 	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
 	var b strings.Builder
@@ -121,6 +291,9 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 	ids := c.args
 	if *all == (len(ids) > 0) {
 		return c.usageError("give message ids or --all-parked (not both)")
+	}
+	if err := c.messageIDs(ids); err != nil {
+		return err
 	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
@@ -171,6 +344,9 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	if len(ids) == 0 {
 		return c.usageError("give the ids of the parked messages to discard (outbox parked lists them)")
 	}
+	if err := c.messageIDs(ids); err != nil {
+		return err
+	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {
 		return err
@@ -202,6 +378,17 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
 	c.notParked(n, ids)
+	return nil
+}
+
+// messageIDs refuses, before anything is said or done, an argument that
+// is not a message id: a message's id is a UUID.
+func (c *common) messageIDs(ids []string) error {
+	for i, id := range ids {
+		if _, err := uuid.Parse(id); err != nil {
+			return c.usageError("argument %d, %q, is not a message id (a UUID such as 0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f): outbox parked lists the parked messages' ids", i+1, printable(id, 60))
+		}
+	}
 	return nil
 }
 
@@ -253,6 +440,31 @@ func cmdPurge(ctx context.Context, x *cli, args []string) error {
 		return fmt.Errorf("after purging %d: %w", n, c.explain(err))
 	}
 	fmt.Fprintf(c.stdout, "purged %d published message(s) older than %s from table %s in %s\n", n, *olderThan, c.table, time.Since(started).Round(time.Millisecond))
+	if n < due {
+		return c.whyNotPurged(ctx, store, *olderThan, due-n)
+	}
+	return nil
+}
+
+// whyNotPurged says why a purge removed fewer messages than it counted
+// before it began (missing of them).
+func (c *common) whyNotPurged(ctx context.Context, store *outbox.Store, olderThan time.Duration, missing int64) error {
+	left, err := store.Purgeable(ctx, olderThan)
+	if err != nil {
+		return c.explain(err)
+	}
+	layout, err := store.Layout(ctx)
+	if err != nil {
+		return c.explain(err)
+	}
+	switch {
+	case left > 0 && layout == outbox.LayoutLog:
+		fmt.Fprintf(c.stdout, "%d message(s) counted before were not purged: their partitions were in use. The log layout drops a partition whole, and waits at most 50ms for its lock so that relays and writers never wait behind a purge; a transaction that has read the table and is still open (a long report, a session idle in transaction: see pg_stat_activity) holds it. Run the purge again once it has ended.\n", left)
+	case left > 0:
+		fmt.Fprintf(c.stdout, "%d message(s) are purgeable now that were not when the purge began (published meanwhile, or older than the cutoff by now): run it again to remove them\n", left)
+	default:
+		fmt.Fprintf(c.stdout, "%d message(s) counted before were removed meanwhile by another purge (another outbox purge, or a relay with --purge-after), or were never there: the log layout's count is the planner's estimate of its partitions' rows\n", missing)
+	}
 	return nil
 }
 
@@ -334,6 +546,9 @@ func cmdConvert(ctx context.Context, x *cli, args []string) error {
 	case "log", "ordered", "unordered":
 	default:
 		return c.usageError("--to must be log, ordered or unordered (got %q)", *to)
+	}
+	if *lockTimeout < time.Millisecond {
+		return c.usageError("--lock-timeout must be at least 1ms (got %s): it bounds the wait for the writers in progress, who wait for the conversion meanwhile", *lockTimeout)
 	}
 	db, store, err := c.open(ctx, nil)
 	if err != nil {

@@ -21,14 +21,14 @@ func (r *repeated) String() string     { return strings.Join(*r, ",") }
 func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 
 func cmdDeclare(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("declare", x, "")
+	c := newBrokerCommon("declare", x) // the broker only: no --database-url
 	file := c.fs.String("file", "", "a topology file (JSON: exchanges, queues with bindings; see package topology), instead of or beside the flags below")
 	exchange := c.fs.String("exchange", "", "an exchange to declare (durable)")
 	kind := c.fs.String("kind", "topic", "the exchange's kind: topic, direct, fanout or headers")
 	alternate := c.fs.String("alternate-exchange", "", "with --exchange: let the broker route what no queue is bound for to this exchange (declared as a fanout)")
 	queue := c.fs.String("queue", "", "a queue to declare (quorum, durable), with a dead-letter queue QUEUE.dead")
 	var binds repeated
-	c.fs.Var(&binds, "bind", "with --queue and --exchange: a binding key, e.g. 'order.#' (repeat for more)")
+	c.fs.Var(&binds, "bind", "with --queue and --exchange: a binding `key`, e.g. 'order.#' (repeat for more)")
 	classic := c.fs.Bool("classic", false, "with --queue: a classic queue instead of a quorum queue")
 	noDead := c.fs.Bool("no-dead-letter", false, "with --queue: no dead-letter queue (the broker then drops what consumers dead-letter)")
 	dryRun := c.fs.Bool("dry-run", false, "print what would be declared, and declare nothing")

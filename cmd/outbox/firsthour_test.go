@@ -217,6 +217,19 @@ func TestVerifyCommand(t *testing.T) {
 			for _, f := range verifyFaults {
 				require.Positive(t, rep.Faults[f], "every fault at least once, however short the run: %v", rep.Faults)
 			}
+			// Issue 38, item 5: each fault is reported with the messages
+			// in flight when it struck.
+			injected := 0
+			for _, n := range rep.Faults {
+				injected += n
+			}
+			require.Len(t, rep.FaultLog, injected, "one entry per fault injected: %s", stdout)
+			for _, e := range rep.FaultLog {
+				require.Contains(t, verifyFaults, e.Fault)
+				require.NotNil(t, e.InFlight, "the in-flight count of %s at %.1fs was read", e.Fault, e.At)
+				require.GreaterOrEqual(t, *e.InFlight, int64(0))
+				require.Less(t, e.At, rep.Seconds+1)
+			}
 			// Progress lines, about one a second (which second the first
 			// one names depends on how loaded the machine is: CI once
 			// printed the first at 2s).

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -215,7 +216,48 @@ func TestUsageIsClear(t *testing.T) {
 	require.Contains(t, out, "Usage: outbox retry [flags] ID...")
 	require.Contains(t, out, "-all-parked")
 
-	code, _, errOut := outboxCmd(t, nil, "bench", "--rate", "2000000000")
+	// Issue 38, item 6: every command's help names each flag's value
+	// with one word (a backquoted phrase in a usage became the value name:
+	// "-layout outbox schema"), and says what is true.
+	helps := map[string]string{}
+	for _, args := range [][]string{{"inbox", "schema"}, {"inbox", "purge"}, {"inbox", "dead"}, {"inbox", "retry"}, {"inbox", "replay"}} {
+		code, out, errOut := outboxCmd(t, nil, append(args, "-h")...)
+		require.Equal(t, 0, code, errOut)
+		helps[strings.Join(args, " ")] = out
+	}
+	for name := range commands {
+		if name == "version" || name == "inbox" {
+			continue
+		}
+		code, out, errOut := outboxCmd(t, nil, name, "-h")
+		require.Equal(t, 0, code, errOut)
+		helps[name] = out
+	}
+	flagLine := regexp.MustCompile(`(?m)^  -(\S+)(?: (.*))?$`)
+	for name, out := range helps {
+		lines := flagLine.FindAllStringSubmatch(out, -1)
+		require.NotEmpty(t, lines, "outbox %s -h lists its flags:\n%s", name, out)
+		for _, l := range lines {
+			require.NotContains(t, l[2], " ", "outbox %s -h: the value of -%s is named with one word: %q", name, l[1], l[0])
+		}
+	}
+	require.Contains(t, helps["verify"], "  -layout string\n")
+	require.Contains(t, helps["bench"], "  -layout string\n")
+	require.NotContains(t, helps["relay"], "writers must use ordered mode")
+	require.Contains(t, helps["relay"], "the table keeps each key's order, whoever writes to it")
+	for _, name := range []string{"declare", "inbox replay"} {
+		require.NotContains(t, helps[name], "-database-url", "outbox %s does not use the database", name)
+	}
+	require.Contains(t, helps["status"], "-database-url")
+	require.Contains(t, helps["declare"], "  -bind key\n")
+	code, _, errOut := outboxCmd(t, nil, "declare", "--database-url", "postgres://x@h/db", "--dry-run")
+	require.Equal(t, 2, code, "declare takes no --database-url")
+	require.Contains(t, errOut, "flag provided but not defined: -database-url")
+	code, out, _ = outboxCmd(t, nil, "inbox", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"outbox inbox replay --from QUEUE.dead"`)
+
+	code, _, errOut = outboxCmd(t, nil, "bench", "--rate", "2000000000")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--rate must be between 0 and 1000000")
 	code, _, errOut = outboxCmd(t, nil, "relay", "--batch-size", "0")
@@ -247,6 +289,55 @@ func TestUsageIsClear(t *testing.T) {
 	require.Contains(t, errOut, "is not an outbox table of this version")
 }
 
+// Issue 47, item 11: values that cannot work are refused with the reason
+// (exit 2), before anything is connected or created: --poll-interval 1ns
+// made an idle relay claim 2,400 times a second, --rate NaN passed every
+// bound of verify and bench, and convert took --lock-timeout -1s as 1ms.
+func TestValuesThatCannotWorkAreRefused(t *testing.T) {
+	t.Parallel()
+	unreachable := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", "AMQP_URL": "amqp://nobody:x@127.0.0.1:1/"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay", "--poll-interval", "1ns"}, "--poll-interval 1ns is too short: at least 1ms. An idle relay claims once per --poll-interval"},
+		{[]string{"relay", "--poll-interval", "999us"}, "--poll-interval 999µs is too short"},
+		{[]string{"relay", "--poll-interval", "0"}, "--poll-interval must be positive"},
+		{[]string{"verify", "--rate", "NaN"}, "--rate NaN is not a number of messages per second: give one above 0 and at most 1000000"},
+		{[]string{"verify", "--rate", "Inf"}, "--rate +Inf is not a number of messages per second"},
+		{[]string{"verify", "--rate", "-Inf"}, "--rate -Inf is not a number of messages per second"},
+		{[]string{"verify", "--rate", "-5"}, "--rate must be above 0 and at most 1000000 messages per second (got -5)"},
+		{[]string{"verify", "--rate", "0"}, "--rate must be above 0 and at most 1000000 messages per second (got 0)"},
+		{[]string{"bench", "--rate", "NaN"}, "--rate NaN is not a number of messages per second: give one between 0 and 1000000"},
+		{[]string{"bench", "--rate", "+Inf"}, "--rate +Inf is not a number"},
+		{[]string{"bench", "--rate", "-1"}, "--rate must be between 0 and 1000000 messages per second (got -1)"},
+		{[]string{"bench", "--rate", "1e-12"}, "--rate 1e-12 is too slow: at least 0.001 messages per second (one every 16m40s)"},
+		{[]string{"verify", "--rate", "0.0009"}, "--rate 0.0009 is too slow"},
+		{[]string{"convert", "--to", "ordered", "--lock-timeout", "-1s"}, "--lock-timeout must be at least 1ms (got -1s)"},
+		{[]string{"convert", "--to", "log", "--lock-timeout", "0"}, "--lock-timeout must be at least 1ms (got 0s)"},
+	} {
+		code, out, errOut := outboxCmd(t, unreachable, c.args...)
+		require.Equal(t, 2, code, "outbox %v: %s", c.args, errOut)
+		require.Contains(t, errOut, c.want, "outbox %v", c.args)
+		require.Contains(t, errOut, "Run \"outbox "+c.args[0]+" --help\" for its flags.")
+		require.Empty(t, out)
+		require.NotContains(t, errOut, "cannot reach", "refused before connecting")
+	}
+}
+
+// Issue 47, item 11: the library refuses a conversion's lock timeout under
+// a millisecond (it took -1s as 1ms).
+func TestConvertRefusesALockTimeoutUnderAMillisecond(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, err := outbox.NewStore(dbtest.DB(t), &outbox.StoreConfig{Table: dbtest.Table(t)})
+	require.NoError(t, err)
+	_, err = store.ConvertToLog(ctx, true, -time.Second)
+	require.ErrorContains(t, err, "outbox: ConvertToLog: lockTimeout must be at least 1ms (got -1s)")
+	_, err = store.ConvertOrdering(ctx, outbox.OrderedByKey, true, 0)
+	require.ErrorContains(t, err, "outbox: ConvertOrdering: lockTimeout must be at least 1ms (got 0s)")
+}
+
 func TestPrintable(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, `evil\x{1b}[31mred`, printable("evil\x1b[31mred", 100))
@@ -276,4 +367,71 @@ func TestRelayNotifyWithoutTriggerWarns(t *testing.T) {
 	cancel()
 	require.Equal(t, 0, <-done)
 	require.Contains(t, stderr.String(), "the table has no NOTIFY trigger")
+}
+
+// Issue 47, item 12: `discard not-a-uuid` said "discarding 1" before
+// refusing; ids are checked first, and retry's too.
+func TestDiscardAndRetryCheckIDsFirst(t *testing.T) {
+	t.Parallel()
+	table := dbtest.Table(t) // never created: nothing is reached
+	for _, args := range [][]string{
+		{"discard", "not-a-uuid"},
+		{"discard", "0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f", "not-a-uuid", "--dry-run"},
+		{"retry", "0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f", "not-a-uuid"},
+	} {
+		code, out, errOut := outboxCmd(t, nil, append(args, "--table", table)...)
+		require.Equal(t, 2, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, `, "not-a-uuid", is not a message id (a UUID`, args)
+		require.NotContains(t, errOut, "discarding", args)
+		require.NotContains(t, errOut, "does not exist", "refused before the table is read")
+		require.Empty(t, out, args)
+	}
+}
+
+// Issue 47, item 12: purge said "purging 90" then "purged 0" and no more.
+// On the log layout a partition in use (here by a transaction that read
+// the table and is still open) is skipped after 50ms so that relays and
+// writers never wait behind the purge: it says so, and what to do.
+func TestPurgeSaysWhyNoneWerePurged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	for range 90 {
+		require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "e"}))
+	}
+	require.NoError(t, tx.Commit())
+	msgs, err := store.Claim(ctx, 100, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 90)
+	require.NoError(t, store.MarkPublished(ctx, msgs...))
+	// Writers move on two partitions: the first may go.
+	_, err = db.ExecContext(ctx, `SELECT setval('"`+table+`_seq"', 2000000)`)
+	require.NoError(t, err)
+
+	reader, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer reader.Rollback() //nolint:errcheck
+	require.EqualValues(t, 90, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`"`))
+	var n int
+	require.NoError(t, reader.QueryRowContext(ctx, `SELECT count(*) FROM "`+table+`"`).Scan(&n))
+
+	code, out, errOut := outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1ms")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "purging 90 published message(s)")
+	require.Contains(t, out, "purged 0 published message(s)")
+	require.Contains(t, out, "90 message(s) counted before were not purged: their partitions were in use")
+	require.Contains(t, out, "pg_stat_activity")
+	require.Contains(t, out, "Run the purge again once it has ended")
+
+	require.NoError(t, reader.Rollback())
+	code, out, errOut = outboxCmd(t, nil, "purge", "--table", table, "--older-than", "1ms")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "purged 90 published message(s)")
+	require.NotContains(t, out, "not purged")
 }

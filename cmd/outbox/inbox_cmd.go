@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -22,9 +24,17 @@ const inboxUsage = `Usage:
 
 To replay what a consumer dead-lettered once its cause is fixed: run
 "outbox inbox retry --consumer NAME --all" (or name the ids), then
-"outbox inbox replay --from DEAD-LETTER-QUEUE". The order matters: a
-replayed message whose record still says dead is dead-lettered again.
+"outbox inbox replay --from QUEUE.dead", QUEUE being the consumer's queue
+(QUEUE.dead is the dead-letter queue that outbox declare --queue QUEUE and
+package topology declare for it). The order matters: a replayed message
+whose record still says dead is dead-lettered again.
 `
+
+// replayHint says how to move dead letters back, naming the dead-letter
+// queue by the rule of outbox declare and package topology (Queue's
+// DeadLetterQueue: Name + ".dead"): the inbox knows its consumer, not the
+// queue it consumes.
+const replayHint = "outbox inbox replay --from QUEUE.dead (the dead-letter queue of the queue the consumer consumes, as outbox declare --queue QUEUE names it)"
 
 // cmdInbox runs the operator commands of package inbox's table.
 func cmdInbox(ctx context.Context, x *cli, args []string) error {
@@ -166,10 +176,13 @@ func cmdInboxDead(ctx context.Context, x *cli, args []string) error {
 		fmt.Fprintf(c.stdout, "consumer %s has dead-lettered nothing (%d handled, %d failing) in table %s\n", *c.consumer, recs.Handled, recs.Failing, c.table)
 		return nil
 	}
+	// Ids are printed whole, as shell words (quoted when they hold
+	// spaces, quotes or control characters): pasted into `outbox inbox
+	// retry`, each gives back the exact id. The last error is only read.
 	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "MESSAGE ID\tATTEMPTS\tDEAD SINCE\tLAST ERROR")
 	for _, d := range dead {
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", printable(d.MessageID, 80), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), printable(d.LastError, 120))
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", shellWord(d.MessageID), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), printable(d.LastError, 120))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -177,7 +190,7 @@ func cmdInboxDead(ctx context.Context, x *cli, args []string) error {
 	if recs.Dead > int64(len(dead)) {
 		fmt.Fprintf(c.stdout, "(%d of %d shown: --limit)\n", len(dead), recs.Dead)
 	}
-	fmt.Fprintf(c.stdout, "\nafter fixing the cause: outbox inbox retry --consumer %s --table %s --all, then outbox inbox replay --from <dead-letter queue>\n", *c.consumer, c.table)
+	fmt.Fprintf(c.stdout, "\nafter fixing the cause: outbox inbox retry --consumer %s --table %s --all (or -- ID... for some, pasted as shown), then %s\n", *c.consumer, c.table, replayHint)
 	return nil
 }
 
@@ -201,7 +214,14 @@ func cmdInboxRetry(ctx context.Context, x *cli, args []string) error {
 		if *all {
 			fmt.Fprintf(c.stdout, "would make %d dead-lettered message(s) of consumer %s eligible again in table %s\n", recs.Dead, *c.consumer, c.table)
 		} else {
-			fmt.Fprintf(c.stdout, "would make %d message(s) of consumer %s eligible again in table %s, those of them that are dead-lettered\n", len(c.args), *c.consumer, c.table)
+			n, err := ib.DeadAmong(ctx, c.args...)
+			if err != nil {
+				return c.explainInbox(err)
+			}
+			fmt.Fprintf(c.stdout, "would make %d dead-lettered message(s) of consumer %s eligible again in table %s\n", n, *c.consumer, c.table)
+			if left := distinct(c.args) - n; left > 0 {
+				fmt.Fprintf(c.stdout, "%d id(s) would be left alone: no dead-lettered record of this consumer (see outbox inbox dead)\n", left)
+			}
 		}
 		fmt.Fprintln(c.stdout, "dry run: nothing changed")
 		return nil
@@ -216,17 +236,17 @@ func cmdInboxRetry(ctx context.Context, x *cli, args []string) error {
 		return c.explainInbox(err)
 	}
 	fmt.Fprintf(c.stdout, "made %d dead-lettered message(s) of consumer %s eligible again in table %s\n", n, *c.consumer, c.table)
-	if !*all && n < int64(len(c.args)) {
-		fmt.Fprintf(c.stdout, "%d id(s) left alone: no dead-lettered record of this consumer (see outbox inbox dead)\n", int64(len(c.args))-n)
+	if left := distinct(c.args) - n; !*all && left > 0 {
+		fmt.Fprintf(c.stdout, "%d id(s) left alone: no dead-lettered record of this consumer (see outbox inbox dead)\n", left)
 	}
 	if n > 0 {
-		fmt.Fprintln(c.stdout, "now replay them: outbox inbox replay --from <dead-letter queue>")
+		fmt.Fprintln(c.stdout, "now replay them: "+replayHint)
 	}
 	return nil
 }
 
 func cmdInboxReplay(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("inbox replay", x, "")
+	c := newBrokerCommon("inbox replay", x) // the broker only: no --database-url
 	from := c.fs.String("from", "", "the dead-letter queue to take messages from; required")
 	to := c.fs.String("to", "", "the queue to put them in (default: the queue each was dead-lettered from, by its x-death header)")
 	limit := c.fs.Int("limit", 1000, "most messages to move")
@@ -262,6 +282,65 @@ func cmdInboxReplay(ctx context.Context, x *cli, args []string) error {
 	n, err := inbox.Replay(ctx, conn, *from, *to, *limit)
 	fmt.Fprintf(c.stdout, "moved %d message(s) from %s back to %s\n", n, *from, orDefault(*to, "the queues they were dead-lettered from"))
 	return err
+}
+
+// distinct counts the different strings of ids.
+func distinct(ids []string) int64 {
+	seen := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		seen[id] = true
+	}
+	return int64(len(seen))
+}
+
+// shellWord returns s as one word of a POSIX shell's command line: as it
+// is when it is made of characters the shell takes literally, in single
+// quotes when it holds others, and in bash's $'…' (also zsh's and ksh's)
+// when it holds control characters or characters that do not print, each
+// escaped, so that the word reads on one line.
+func shellWord(s string) string {
+	if s == "" {
+		return "''"
+	}
+	plain, printable := true, true
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("-_.,:/@%+=", r):
+		case unicode.IsControl(r) || !unicode.IsPrint(r):
+			plain, printable = false, false
+		default:
+			plain = false
+		}
+	}
+	switch {
+	case plain:
+		return s
+	case printable:
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	var b strings.Builder
+	b.WriteString("$'")
+	for _, r := range s {
+		switch {
+		case r == '\\' || r == '\'':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case unicode.IsControl(r) || !unicode.IsPrint(r):
+			for _, c := range []byte(string(r)) {
+				fmt.Fprintf(&b, `\x%02x`, c)
+			}
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
 }
 
 func orDefault(s, def string) string {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,6 +128,8 @@ func TestInboxDeadRetryReplay(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "order-9")
 	require.Contains(t, out, "the tax service rejects the address")
+	// Issue 38, item 6: the queue to replay from is named.
+	require.Contains(t, out, "then outbox inbox replay --from QUEUE.dead (the dead-letter queue of the queue the consumer consumes, as outbox declare --queue QUEUE names it)")
 	code, out, errOut = outboxCmd(t, nil, "inbox", "retry", "--table", table, "--consumer", "billing", "--all", "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "would make 1 dead-lettered message(s) of consumer billing eligible again")
@@ -134,6 +138,8 @@ func TestInboxDeadRetryReplay(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "made 1 dead-lettered message(s) of consumer billing eligible again")
 	require.Contains(t, out, "1 id(s) left alone")
+	require.Contains(t, out, "now replay them: outbox inbox replay --from QUEUE.dead (")
+	require.NotContains(t, out, "<dead-letter queue>")
 
 	env := map[string]string{"AMQP_URL": amqptest.URL()}
 	require.Eventually(t, func() bool {
@@ -152,4 +158,72 @@ func TestInboxDeadRetryReplay(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Handled, o)
 	require.EqualValues(t, 1, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`_effects"`))
+}
+
+// Issue 47, item 12: `inbox dead` trimmed and cut ids, so that they could
+// not be copied back into `inbox retry`; it prints them whole, as shell
+// words that give back the exact id. `inbox retry --dry-run ID...`
+// counted the ids given, not the matching dead records.
+func TestInboxDeadAndRetrySayWhatIsThere(t *testing.T) {
+	t.Parallel()
+	bash, err := exec.LookPath("bash")
+	require.NoError(t, err, "the test reads the printed ids back with bash")
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	code, _, errOut := outboxCmd(t, nil, "inbox", "schema", "--table", table, "--apply")
+	require.Equal(t, 0, code, errOut)
+	ids := []string{"a", strings.Repeat("long-", 40) + "end", "has space  double ", "tab\there", "-dash", "quote'x", "line\nbreak", "nbsp\u00a0é", `back\slash$HOME`}
+	for _, id := range ids {
+		_, err := db.Exec(`INSERT INTO "`+table+`" (consumer, message_id, attempts, last_error, dead_at) VALUES ('billing', $1, 5, 'boom', now())`, id)
+		require.NoError(t, err)
+	}
+	_, err = db.Exec(`INSERT INTO "` + table + `" (consumer, message_id, handled_at) VALUES ('billing', 'h', now());
+INSERT INTO "` + table + `" (consumer, message_id, attempts, dead_at) VALUES ('shipping', 's', 5, now())`)
+	require.NoError(t, err)
+
+	code, out, errOut := outboxCmd(t, nil, "inbox", "dead", "--table", table, "--consumer", "billing")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, ids[1], "a long id whole")
+	require.Contains(t, out, "\n-dash ")
+	require.Contains(t, out, `'has space  double '`)
+	require.Contains(t, out, `$'tab\there'`)
+	// Each line's first word, given to a shell, is the id again.
+	lines := strings.Split(out, "\n")[1 : len(ids)+1]
+	script := ""
+	for _, l := range lines {
+		script += "set -- " + l + "; printf '%s\\0' \"$1\"\n"
+	}
+	got, err := exec.Command(bash, "-c", script).Output()
+	require.NoError(t, err, script)
+	back := strings.Split(strings.TrimSuffix(string(got), "\x00"), "\x00")
+	require.ElementsMatch(t, ids, back, script)
+	require.Contains(t, out, "-- ID... for some")
+
+	// a is dead; h is handled; nope has no record; s is another
+	// consumer's; a is given twice.
+	code, out, errOut = outboxCmd(t, nil, "inbox", "retry", "--table", table, "--consumer", "billing", "--dry-run", "a", "h", "nope", "a", "s")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would make 1 dead-lettered message(s) of consumer billing eligible again in table "+table)
+	require.Contains(t, out, "3 id(s) would be left alone: no dead-lettered record of this consumer")
+	require.Contains(t, out, "dry run: nothing changed")
+	code, out, errOut = outboxCmd(t, nil, "inbox", "retry", "--table", table, "--consumer", "billing", "a", "h", "nope", "a", "s", "--", "-dash")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "made 2 dead-lettered message(s) of consumer billing eligible again")
+	require.Contains(t, out, "3 id(s) left alone")
+}
+
+// shellWord's three forms.
+func TestShellWord(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                                     "''",
+		"0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f": "0195f1d2-7a7e-7c1f-9a40-3f1b2c3d4e5f",
+		"a b":                                  "'a b'",
+		"it's":                                 `'it'\''s'`,
+		"$HOME*":                               "'$HOME*'",
+		"a\nb'\\":                              `$'a\nb\'\\'`,
+		"\u00a0":                               `$'\xc2\xa0'`,
+	} {
+		require.Equal(t, want, shellWord(in), "%q", in)
+	}
 }

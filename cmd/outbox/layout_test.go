@@ -90,7 +90,8 @@ func TestLogLayoutOperatorCommands(t *testing.T) {
 
 	code, out, _ = outboxCmd(t, nil, "status", "--table", table)
 	require.Equal(t, 0, code)
-	require.Regexp(t, `pending\s+1\n`, out)
+	require.Regexp(t, `pending\s+3\n`, out, "parked messages are pending (the store's contract)")
+	require.Regexp(t, `ready\s+1\n`, out)
 	require.Regexp(t, `parked\s+2\n`, out)
 
 	code, out, _ = outboxCmd(t, nil, "parked", "--table", table)

@@ -20,6 +20,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -27,7 +29,30 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	ctx, cancel := context.WithCancel(ctx)
+	// Without this, a write to a closed pipe (`outbox verify 2>&1 | head`)
+	// kills the process with SIGPIPE, and nothing it would remove at the
+	// end (verify's scratch table, queues and relays) is removed. Notified,
+	// SIGPIPE only makes the write fail with EPIPE; a command whose output
+	// is gone then ends as if interrupted, and cleans up.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	stdout, stderr := &pipeWriter{w: os.Stdout, broken: cancel}, &pipeWriter{w: os.Stderr, broken: cancel}
+	code := run(ctx, os.Args[1:], stdout, stderr, os.Getenv)
+	cancel()
 	stop()
 	os.Exit(code)
+}
+
+// pipeWriter calls broken when a write fails because the reader is gone.
+type pipeWriter struct {
+	w      io.Writer
+	broken func()
+}
+
+func (p *pipeWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) {
+		p.broken()
+	}
+	return n, err
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,14 +88,84 @@ func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x 
 		_ = obs.Close()
 		return nil, fmt.Errorf("--metrics-addr: %w", err)
 	}
-	m := &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, obs: obs, mp: mp}
+	m := &metricsServer{srv: serveHTTP(ln, mux, metricsLimits, logger), obs: obs, mp: mp}
+	logger.Info("relay: Serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
+	return m, nil
+}
+
+// serveLimits bound what clients of a server can hold.
+type serveLimits struct {
+	readHeader time.Duration // to send a request's headers
+	write      time.Duration // to take a response, from the end of its request's headers
+	idle       time.Duration // a keep-alive connection waiting for its next request
+	maxConns   int           // connections served at once; more wait to be accepted
+}
+
+// metricsLimits bound the metrics server's clients: a scraper needs one
+// or two connections, and without an idle timeout 20,000 idle keep-alive
+// connections held as many file descriptors of the relay, whose database
+// connections then failed with "too many open files". The write bound
+// leaves /readyz its broker check.
+var metricsLimits = serveLimits{readHeader: 5 * time.Second, write: readyCheckTimeout + 5*time.Second, idle: 30 * time.Second, maxConns: 32}
+
+// serveHTTP serves h on ln within lim, in a goroutine of its own, until
+// the returned server is shut down.
+func serveHTTP(ln net.Listener, h http.Handler, lim serveLimits, logger *slog.Logger) *http.Server {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: lim.readHeader, WriteTimeout: lim.write, IdleTimeout: lim.idle}
 	go func() {
-		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(newLimitListener(ln, lim.maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("relay: Metrics server stopped", slog.String("error", err.Error()))
 		}
 	}()
-	logger.Info("relay: Serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
-	return m, nil
+	return srv
+}
+
+// limitListener accepts at most n connections at once: Accept waits for
+// one of them to close, and the connections beyond wait in the kernel's
+// backlog, holding no file descriptor of the process.
+type limitListener struct {
+	net.Listener
+	slots     chan struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func newLimitListener(ln net.Listener, n int) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, n), closed: make(chan struct{})}
+}
+
+// Accept waits for a free slot, then for a connection.
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+}
+
+// Close closes the listener and ends an Accept waiting for a slot.
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// limitConn gives its slot back when it is closed, once.
+type limitConn struct {
+	net.Conn
+	release func()
+	once    sync.Once
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 func (m *metricsServer) close() {

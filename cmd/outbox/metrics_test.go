@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -92,7 +94,7 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 		"messaging_client_sent_messages_total", "messaging_client_operation_duration_seconds_bucket",
 		"outbox_lag_seconds_bucket", "outbox_messages_claimed_total", "outbox_claim_duration_seconds_count",
 		"outbox_settle_duration_seconds_count", "outbox_pending", "outbox_parked", "outbox_oldest_pending_age_seconds", "outbox_keys_blocked",
-		"outbox_held", "outbox_unroutable_total",
+		"outbox_held", "outbox_unroutable_total", "outbox_ready", "outbox_in_flight", "outbox_delayed", "outbox_oldest_ready_age_seconds",
 	} {
 		require.Contains(t, metrics, "\n"+name, "metric %s in:\n%s", name, metrics)
 	}
@@ -137,4 +139,101 @@ func notReady(t *testing.T, bin, table, addr, amqpURL, want string, env ...strin
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait())
 	return stderr.String()
+}
+
+// request sends GET /healthz on conn, keeping it alive, and reads the
+// answer within wait: its status code, or the read's error.
+func request(t *testing.T, conn net.Conn, br *bufio.Reader, wait time.Duration) (int, error) {
+	t.Helper()
+	_, err := conn.Write([]byte("GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"))
+	require.NoError(t, err)
+	return answer(t, conn, br, wait)
+}
+
+// answer reads a response on conn within wait.
+func answer(t *testing.T, conn net.Conn, br *bufio.Reader, wait time.Duration) (int, error) {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(wait)))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return 0, err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return resp.StatusCode, nil
+}
+
+func dialServer(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn, bufio.NewReader(conn)
+}
+
+func testServer(t *testing.T, lim serveLimits) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	srv := serveHTTP(ln, mux, lim, dbtest.Logger(t))
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String()
+}
+
+// Issue 47, item 6: the metrics server closed no idle keep-alive
+// connection, and 20,000 of them took the relay's file descriptors. It
+// closes one idle past its timeout, and the connection's slot serves the
+// next client.
+func TestMetricsServerClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	require.Positive(t, metricsLimits.idle, "the relay's metrics server has an idle timeout")
+	require.Positive(t, metricsLimits.readHeader)
+	require.Positive(t, metricsLimits.write)
+	require.Positive(t, metricsLimits.maxConns, "and a cap on its connections")
+
+	addr := testServer(t, serveLimits{readHeader: 5 * time.Second, write: 5 * time.Second, idle: 200 * time.Millisecond, maxConns: 1})
+	conn, br := dialServer(t, addr)
+	code, err := request(t, conn, br, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	// Kept alive, then idle: the server closes it (EOF) well before the
+	// read's deadline, which it would otherwise reach.
+	start := time.Now()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = br.ReadByte()
+	require.ErrorIs(t, err, io.EOF, "closed by the server, not timed out by the client")
+	t.Logf("closed by the server after %s idle", time.Since(start).Round(time.Millisecond))
+
+	next, nbr := dialServer(t, addr)
+	code, err = request(t, next, nbr, 5*time.Second)
+	require.NoError(t, err, "the closed connection gave its slot back")
+	require.Equal(t, http.StatusOK, code)
+}
+
+// Issue 47, item 6: connections beyond the cap wait to be accepted,
+// holding no file descriptor of the server, until one served closes.
+func TestMetricsServerCapsConnections(t *testing.T) {
+	t.Parallel()
+	addr := testServer(t, serveLimits{readHeader: 5 * time.Second, write: 5 * time.Second, idle: time.Minute, maxConns: 2})
+	var held []net.Conn
+	for range 2 {
+		conn, br := dialServer(t, addr)
+		code, err := request(t, conn, br, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, code)
+		held = append(held, conn)
+	}
+	extra, ebr := dialServer(t, addr) // the kernel completes the handshake
+	_, err := request(t, extra, ebr, 300*time.Millisecond)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne, "no answer while two connections are held")
+	require.True(t, ne.Timeout(), "%v", err)
+
+	require.NoError(t, held[0].Close())
+	code, err := answer(t, extra, ebr, 5*time.Second)
+	require.NoError(t, err, "served once a slot is free")
+	require.Equal(t, http.StatusOK, code)
 }

@@ -46,7 +46,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps under (max-in-flight + 1) times this, plus 32 MiB, unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
 	inFlight := c.fs.Int("max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own")
 	lease := c.fs.Duration("lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
-	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, "sleep between polls when idle")
+	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, fmt.Sprintf("sleep between polls when idle, at least %s", relay.PollIntervalMin))
 	publishTimeout := c.fs.Duration("publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
 	shutdown := c.fs.Duration("shutdown-timeout", relay.ShutdownTimeoutDefault, "how long to wait for confirms on SIGINT/SIGTERM before releasing")
 	maxAttempts := c.fs.Int("max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which a message is parked")
@@ -54,7 +54,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY instead of waiting for the next poll; needs the table's trigger (outbox schema --notify --apply) and a direct connection, not a transaction pooler")
 	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
 	debug := c.fs.Bool("debug", false, "log every batch")
-	ordered := c.fs.Bool("ordered", false, "keep the order of each key (outbox.OrderedByKey); the table's writers must use ordered mode too")
+	ordered := c.fs.Bool("ordered", false, "expect an ordered table and refuse one that is not (outbox.OrderedByKey): the table keeps each key's order, whoever writes to it (outbox schema --ordered, outbox convert --to ordered), and a relay of an ordered table keeps it with or without this flag")
 	listenURL := c.fs.String("listen-database-url", "", "with --notify: a direct PostgreSQL connection for LISTEN, when --database-url goes through a transaction pooler (default: --database-url)")
 	topologyFile := c.fs.String("topology", "", "a topology file (see outbox declare) to declare on every connection before publishing")
 	unroutable := c.fs.String("unroutable", "park", "what to do with a message no queue is bound for: park (an attempt, parked after --max-attempts; blocks its key in ordered mode), alternate (publish to --alternate-exchange) or drop (count and log it)")
@@ -72,6 +72,9 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	}
 	if *publishTimeout < 0 || *purgeAfter < 0 {
 		return c.usageError("--publish-timeout and --purge-after must not be negative")
+	}
+	if *poll < relay.PollIntervalMin {
+		return c.usageError("--poll-interval %s is too short: at least %s. An idle relay claims once per --poll-interval, each claim a database transaction, so a shorter one makes thousands a second that find nothing (use --notify to be woken at once instead)", *poll, relay.PollIntervalMin)
 	}
 	if *lease < relay.LeaseMin {
 		return c.usageError("--lease %s is too short: at least %s. A batch still being published or marked when its lease runs out is taken and published again by another relay, so a lease shorter than a batch's round trips publishes messages many times", *lease, relay.LeaseMin)

@@ -49,6 +49,7 @@ type verifyReport struct {
 	OrderViolations int            `json:"order_violations"`
 	Inbox           *inboxReport   `json:"inbox,omitempty"`
 	Faults          map[string]int `json:"faults"`
+	FaultLog        []faultEvent   `json:"fault_log"` // each fault injected, with the messages in flight then
 	LatencyMs       latencyReport  `json:"latency_ms"`
 	OK              bool           `json:"ok"`
 }
@@ -82,15 +83,18 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	c.fs.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after writing, how long to wait for every committed event to arrive")
 	c.fs.BoolVar(&o.ordered, "ordered", false, "ordered mode (outbox.OrderedByKey): also check that every key's first deliveries keep the order of writing")
 	c.fs.BoolVar(&o.longTx, "long-transaction", false, "also hold one writing transaction open for the whole --duration, committed last: its event must arrive (a cursor over ids or time would skip it)")
-	c.fs.StringVar(&o.layout, "layout", "log", "the scratch table's layout: log (as `outbox schema` creates) or rows")
+	c.fs.StringVar(&o.layout, "layout", "log", "the scratch table's layout: log (the one outbox schema creates) or rows")
 	c.fs.BoolVar(&o.inbox, "inbox", false, "also consume through an inbox (package inbox) and check that every committed event had exactly one effect")
 	c.fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON on stdout, for CI")
 	c.fs.BoolVar(&o.keep, "keep", false, "keep the scratch table, exchange and queues to inspect them")
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	if o.duration <= 0 || o.rate <= 0 || o.rate > maxRate || o.relays < 1 || o.keys < 1 || o.rollbackPct < 0 || o.rollbackPct > 90 || o.faultEvery <= 0 {
-		return c.usageError("--duration, --rate (at most %d), --relays, --keys and --fault-every must be positive, --rollback-percent between 0 and 90", maxRate)
+	if err := c.checkRate(o.rate, false); err != nil {
+		return err
+	}
+	if o.duration <= 0 || o.relays < 1 || o.keys < 1 || o.rollbackPct < 0 || o.rollbackPct > 90 || o.faultEvery <= 0 {
+		return c.usageError("--duration, --relays, --keys and --fault-every must be positive, --rollback-percent between 0 and 90")
 	}
 	if o.layout != "rows" && o.layout != "log" {
 		return c.usageError("--layout must be rows or log (got %q)", o.layout)
@@ -156,19 +160,50 @@ type verifier struct {
 	deliveries int
 	firstByKey map[string][]string // key: ids in the order of their first deliveries
 	faults     map[string]int
+	faultLog   []faultEvent
+	started    time.Time // when writing began
 }
 
 func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	sfx := hex.EncodeToString(b[:])
-	v.table, v.exchange, v.queue = "outbox_verify_"+sfx, "outbox.verify."+sfx, "outbox.verify."+sfx
+	v.table, v.exchange, v.queue = verifyTablePrefix+sfx, verifyAMQPPrefix+sfx, verifyAMQPPrefix+sfx
 	v.committed, v.arrived, v.firstByKey = map[string]time.Time{}, map[string]time.Time{}, map[string][]string{}
+
+	conn, err := v.c.dialFirst(ctx, v.dialer, v.amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// What killed runs left behind (the process cannot clean up after a
+	// SIGKILL) goes before this run adds its own.
+	removed, err := v.removeLeftovers(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if len(removed) > 0 {
+		fmt.Fprintf(v.c.stderr, "verify: removed what %d earlier run(s) left behind, killed before they could: %s (tables, exchanges and queues)\n", len(removed), strings.Join(removed, ", "))
+	}
+
 	what := "removed at the end"
 	if v.o.keep {
-		what = "kept (--keep)"
+		what = "kept (--keep: later runs leave them alone; drop them by hand, the table " + v.table + "_alive included)"
 	}
 	fmt.Fprintf(v.c.stderr, "verify: scratch table %s, exchange and queue %s, %s\n", v.table, v.exchange, what)
+	// The heartbeat first, the objects after it: a table without one is
+	// a leftover for the runs after this one. Deferred calls run last in
+	// first out: the tables go after the queues, the heartbeat last.
+	stopBeat, err := v.startHeartbeat(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if v.o.keep {
+		defer v.keepForever(context.WithoutCancel(ctx))
+	} else {
+		defer v.db.ExecContext(context.WithoutCancel(ctx), dropRun(v.table)) //nolint:errcheck
+	}
+	defer stopBeat()
 
 	ordering := outbox.Unordered
 	if v.o.ordered {
@@ -187,24 +222,10 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	}
 	v.store = store
 	if !v.o.keep {
-		defer v.db.ExecContext(context.WithoutCancel(ctx), dropScratch(v.table)+`; DROP TABLE IF EXISTS "`+v.table+`_inbox", "`+v.table+`_effects"`) //nolint:errcheck
+		defer deleteRunAMQP(conn, sfx)
 	}
-	conn, err := v.c.dialFirst(ctx, v.dialer, v.amqpURL)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
 	if err := v.declare(ctx, conn); err != nil {
 		return nil, err
-	}
-	if !v.o.keep {
-		defer func() {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(v.queue, false, false, false)
-				_, _ = ch.QueueDelete(v.queue+".inbox", false, false, false)
-				_ = ch.ExchangeDelete(v.exchange, false, false)
-			}
-		}()
 	}
 
 	// The relays reach PostgreSQL and RabbitMQ through proxies of
@@ -233,6 +254,7 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 		return nil, err
 	}
 	start := time.Now()
+	v.started = start
 	end := time.Now().Add(v.o.duration)
 	done := make(chan error, 1)
 	go func() { done <- v.write(ctx, store, end) }()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
@@ -11,21 +12,49 @@ import (
 	"time"
 )
 
-// inject applies one fault to a relay chosen at random.
+// faultEvent is one fault verify injected: which, when (seconds into the
+// run) and how many messages were in flight then, claimed by a relay and
+// not yet settled (published, failed or released), over all the relays;
+// nil when the count could not be read. A fault that found none in flight
+// could not cost a duplicate.
+type faultEvent struct {
+	Fault    string  `json:"fault"`
+	At       float64 `json:"at_seconds"`
+	InFlight *int64  `json:"in_flight"`
+}
+
+// inFlight counts the messages claimed and not yet settled, nil when the
+// table could not be read.
+func (v *verifier) inFlight(ctx context.Context) *int64 {
+	st, err := v.store.Stats(ctx)
+	if err != nil {
+		return nil
+	}
+	return &st.InFlight
+}
+
+// inject applies one fault to a relay chosen at random, and records it
+// with the messages in flight at that moment.
 func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string) {
-	v.mu.Lock()
-	v.faults[fault]++
-	v.mu.Unlock()
-	switch fault {
-	case "kill":
+	ev := faultEvent{Fault: fault}
+	if fault == "kill" {
 		// Mid-batch, as far as can be told from outside: while the table
 		// shows claimed messages not yet published (a relay holds them).
 		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			st, err := v.store.Stats(ctx)
-			if err != nil || st.Claimed > 0 {
+			if ev.InFlight = v.inFlight(ctx); ev.InFlight == nil || *ev.InFlight > 0 {
 				break
 			}
 		}
+	} else {
+		ev.InFlight = v.inFlight(ctx)
+	}
+	ev.At = math.Round(time.Since(v.started).Seconds()*10) / 10
+	v.mu.Lock()
+	v.faults[fault]++
+	v.faultLog = append(v.faultLog, ev)
+	v.mu.Unlock()
+	switch fault {
+	case "kill":
 		relays.signal(syscall.SIGKILL)
 	case "cut-db":
 		v.dbProxy.Cut()
@@ -71,6 +100,7 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 			defer g.wg.Done()
 			for {
 				cmd := exec.Command(exe, args...)
+				cmd.SysProcAttr = childAttr()
 				cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "AMQP_URL="+amqpURL)
 				g.mu.Lock()
 				if g.stopped {

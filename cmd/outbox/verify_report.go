@@ -99,7 +99,8 @@ func (v *verifier) report(took time.Duration, final *committedRows, effects map[
 	defer v.mu.Unlock()
 	inTable, byKey := final.ids, final.byKey
 	rep := &verifyReport{Table: v.table, Exchange: v.exchange, Queue: v.queue, Seconds: math.Round(took.Seconds()*10) / 10, Ordered: v.o.ordered, Layout: v.o.layout,
-		Written: v.written, RolledBack: v.rolledBack, Committed: len(inTable), Deliveries: v.deliveries, Faults: v.faults}
+		Written: v.written, RolledBack: v.rolledBack, Committed: len(inTable), Deliveries: v.deliveries, Faults: v.faults,
+		FaultLog: append([]faultEvent{}, v.faultLog...)}
 	var lat []time.Duration
 	for id := range inTable {
 		a, ok := v.arrived[id]
@@ -182,6 +183,16 @@ func (v *verifier) print(r *verifyReport) {
 		faults = append(faults, fmt.Sprintf("%s %d", f, r.Faults[f]))
 	}
 	fmt.Fprintf(w, "  faults            %s\n", strings.Join(faults, ", "))
+	for _, e := range r.FaultLog {
+		n := "unknown (the table could not be read)"
+		if e.InFlight != nil {
+			n = fmt.Sprint(*e.InFlight)
+		}
+		fmt.Fprintf(w, "    %-10s at %.1fs  in flight %s\n", e.Fault, e.At, n)
+	}
+	if len(r.FaultLog) > 0 {
+		fmt.Fprintf(w, "    (in flight: messages claimed by a relay and not yet settled, over all relays, read just before the fault: the messages it could have duplicated)\n")
+	}
 	fmt.Fprintf(w, "  commit → consume  p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms\n", r.LatencyMs.P50, r.LatencyMs.P90, r.LatencyMs.P99, r.LatencyMs.Max)
 	if r.OK {
 		fmt.Fprintln(w, "verify: OK: nothing lost, nothing phantom"+map[bool]string{true: ", every key in order", false: ""}[r.Ordered])

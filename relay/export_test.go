@@ -1,0 +1,6 @@
+package relay
+
+import "context"
+
+// Probe exposes AMQPPublisher.probe to the package's external tests.
+func Probe(ctx context.Context, p *AMQPPublisher) error { return p.probe(ctx) }
