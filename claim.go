@@ -55,7 +55,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	} else if ls != nil {
 		msgs, err := ls.claim(ctx, db, n, lease)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
+			return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.logFault(ctx, err))
 		}
 		return msgs, nil
 	}
@@ -255,7 +255,7 @@ func (s *Store) fenced(ctx context.Context, what string, kind byte, query string
 	if ls, err := s.logged(ctx); err != nil {
 		return err
 	} else if ls != nil {
-		return ls.settle(ctx, db, what, kind, msgs)
+		return s.logFault(ctx, ls.settle(ctx, db, what, kind, msgs))
 	}
 	var (
 		tokens []string // in order of first appearance
@@ -332,7 +332,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	if ls, err := s.logged(ctx); err != nil {
 		return err
 	} else if ls != nil {
-		return ls.markFailed(ctx, db, msg, reason)
+		return s.logFault(ctx, ls.markFailed(ctx, db, msg, reason))
 	}
 	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax) // a NUL cannot be stored
 	delay := s.backoff(msg.Attempts + 1)
@@ -381,7 +381,7 @@ func (s *Store) Maintain(ctx context.Context) error {
 		return err
 	}
 	if err := ls.tend(ctx, db); err != nil {
-		return fmt.Errorf("outbox: maintaining %s: %w", s.t.full, err)
+		return fmt.Errorf("outbox: maintaining %s: %w", s.t.full, s.logFault(ctx, err))
 	}
 	return nil
 }

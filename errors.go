@@ -24,8 +24,11 @@ var (
 	// ErrInvalidTable is returned, wrapped with the reason, when a table
 	// name is not a plain, optionally schema-qualified, identifier ("invalid
 	// table name …"), or when a table is not one this version of the
-	// library can use: of neither layout, or of a log layout of another
-	// version (the error says how to bring it up to date).
+	// library can use: of neither layout, of a log layout of another
+	// version, one whose objects or marker row were dropped or changed by
+	// hand (the error says how to bring it up to date or mend it), or an
+	// object the log layout makes beside an outbox table (its failed
+	// table, a partition).
 	ErrInvalidTable = errors.New("outbox: invalid table")
 
 	// ErrInvalidEvent is returned, wrapped with the reason, when an event

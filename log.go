@@ -137,7 +137,7 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
 		"{turn}", t.keyTurn("'"+lit(t.full)+"'", "NEW.event_key"),
 		"{idindex}", t.qualified(t.name + "_id_idx"), "{idcheck}", `"` + t.idCheck() + `"`, "{idcheckname}", t.idCheck(), "{idcheckfn}", t.qualified(t.idCheck()),
-		"{tablename}", lit(t.full)}, more...)...)
+		"{tablename}", lit(t.full), "{tablelit}", lit(t.quoted), "{batchlit}", lit(l.batch)}, more...)...)
 }
 
 // idCheck names the trigger (and its function) that refuses an event id
@@ -316,8 +316,19 @@ CREATE TABLE IF NOT EXISTS {meta} (
     ordered_from  pg_snapshot
 );
 ALTER TABLE {meta} ADD COLUMN IF NOT EXISTS ordered_from pg_snapshot;
+-- Relays compute partitions from its sizes: a row deleted or changed by
+-- hand is made again from what the tables are partitioned by.
+DELETE FROM {meta} WHERE ctid NOT IN (SELECT ctid FROM {meta} ORDER BY version DESC LIMIT 1);
 INSERT INTO {meta} (version, chunk, parts, batch_chunk, batch_parts)
 SELECT {version}, {chunk}, {parts}, {bchunk}, {bparts} WHERE NOT EXISTS (SELECT 1 FROM {meta});
+UPDATE {meta} AS m SET chunk = k.chunk, parts = k.parts, batch_chunk = k.bchunk, batch_parts = k.bparts
+FROM (SELECT coalesce(substring(e.def FROM '\(seq / (\d+)\)')::bigint, {chunk}) AS chunk,
+          coalesce(substring(e.def FROM '% \((\d+)\)')::integer, {parts}) AS parts,
+          coalesce(substring(b.def FROM '\(batch_id / (\d+)\)')::bigint, {bchunk}) AS bchunk,
+          coalesce(substring(b.def FROM '% \((\d+)\)')::integer, {bparts}) AS bparts
+      FROM (SELECT pg_get_partkeydef('{tablelit}'::regclass) AS def) AS e,
+           (SELECT pg_get_partkeydef('{batchlit}'::regclass) AS def) AS b) AS k
+WHERE (m.chunk, m.parts, m.batch_chunk, m.batch_parts) IS DISTINCT FROM (k.chunk, k.parts, k.bchunk, k.bparts);
 
 -- A claim of the next events: in one transaction, under the table's claim
 -- lock, the next part of the current window of transactions, or the next
@@ -579,6 +590,9 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.t.checkNotSide(ctx, db); err != nil {
+		return err
+	}
 	ddl := s.t.logSQL(s.t.logTables())
 	if s.ordering == OrderedByKey {
 		ddl += s.t.logOrderDDL(s.t.logTables())
@@ -614,7 +628,13 @@ type layoutState struct {
 // the rows layout. A table that is neither is refused with an error
 // wrapping ErrInvalidTable; a missing table with one that says so. A table
 // of the log layout of an earlier version is LayoutLog with an error
-// wrapping ErrInvalidTable that says how to bring it up to date.
+// wrapping ErrInvalidTable that says how to bring it up to date; so is one
+// that lacks an object of the layout (its settle table, its claim
+// function, a partition, …) or whose marker row was deleted or changed by
+// hand, with an error that names what is wrong: `outbox schema --layout
+// log --apply` (CreateLogSchemaIfAbsent) mends those. The name of an
+// object the log layout makes beside an outbox table (its failed table, a
+// partition, …) is refused with ErrInvalidTable: it is not an outbox table.
 func (s *Store) Layout(ctx context.Context) (Layout, error) {
 	l, _, err := s.layout(ctx)
 	return l, err
@@ -633,13 +653,13 @@ func (s *Store) layout(ctx context.Context) (Layout, *logStore, error) {
 	if s.layoutKnown != 0 {
 		return s.layoutKnown, s.log, nil
 	}
+	if err := s.t.checkNotSide(ctx, db); err != nil {
+		return 0, nil, err
+	}
 	l := s.t.logTables()
 	var (
-		kind           sql.NullString
-		rows, hasMeta  bool
-		version, parts sql.NullInt64
-		chunk, bchunk  sql.NullInt64
-		claimMark      string
+		kind          sql.NullString
+		rows, hasMeta bool
 	)
 	err = db.QueryRowContext(ctx, `SELECT c.relkind::text,
 	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'published_at' AND NOT attisdropped),
@@ -652,25 +672,15 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 	case !kind.Valid:
 		return 0, nil, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", s.t.full)
 	case hasMeta && kind.String == "p":
-		err := db.QueryRowContext(ctx, "SELECT version, chunk, parts, batch_chunk, coalesce(obj_description(to_regprocedure($1), 'pg_proc'), '') FROM "+l.meta+" LIMIT 1",
-			l.claimFn+logClaimArgs).Scan(&version, &chunk, &parts, &bchunk, &claimMark)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return 0, nil, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
+		checked, claimMark, layout, err := s.readLogTables(ctx, db, l)
+		if err != nil {
+			return layout, nil, err
 		}
-		if version.Valid && version.Int64 < logVersion {
-			return LayoutLog, nil, fmt.Errorf("%w: %s has the log layout of version %d, before this version of the library (log layout %d): bring it up to date with `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent), which is idempotent and takes a moment",
-				ErrInvalidTable, s.t.full, version.Int64, logVersion)
-		}
-		if !version.Valid || version.Int64 != logVersion {
-			return 0, nil, fmt.Errorf("%w: %s has the log layout of version %d, which this version of the library (log layout %d) does not know",
-				ErrInvalidTable, s.t.full, version.Int64, logVersion)
-		}
-		l.chunk, l.parts, l.batchChunk = chunk.Int64, parts.Int64, bchunk.Int64
 		if rev := claimRevision(claimMark); rev < logClaimRevision {
 			s.logger.WarnContext(ctx, "outbox: The table's claim function is older than this version of the library's: relaying works, but each claim costs more than it needs to; `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent) replaces it online",
 				slog.String("table", s.t.full), slog.Int("claim_revision", rev), slog.Int("current_revision", logClaimRevision))
 		}
-		s.log = newLogStore(s, l)
+		s.log = newLogStore(s, checked)
 		s.layoutKnown = LayoutLog
 	case rows && kind.String == "r":
 		s.layoutKnown = LayoutRows

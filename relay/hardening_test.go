@@ -278,21 +278,33 @@ func TestTableOfUnknownLayoutStopsRun(t *testing.T) {
 	require.NoError(t, ctx.Err(), "Run returned on its own")
 
 	// A log table of a version before or after this library's (issue 47,
-	// item 10: 0, 1 and 3 too).
-	for version, says := range map[int]string{0: "version 0", 1: "version 1, before", 3: "version 3, which", 99: "version 99, which"} {
+	// item 10: 0, 1 and 3 too), and (item 5) one whose marker row was
+	// edited or deleted by hand (chunk = 0 made the relay divide by zero
+	// and exit 2).
+	for _, c := range []struct{ edit, says string }{
+		{"UPDATE {meta} SET version = 0", "log layout of version 0"}, {"UPDATE {meta} SET version = 1", "log layout of version 1, before"},
+		{"UPDATE {meta} SET version = 3", "log layout of version 3, which"}, {"UPDATE {meta} SET version = 99", "log layout of version 99, which"},
+		{"UPDATE {meta} SET chunk = 0", "says chunk 0"}, {"UPDATE {meta} SET parts = -3", "parts -3"},
+		{"UPDATE {meta} SET batch_chunk = 0", "batch_chunk 0"}, {"DELETE FROM {meta}", "marker row is missing"},
+	} {
 		table := dbtest.Table(t)
 		store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
 		require.NoError(t, err)
 		require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
-		_, err = db.ExecContext(ctx, `UPDATE "`+table+`_log" SET version = $1`, version)
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}))
+		require.NoError(t, tx.Commit())
+		_, err = db.ExecContext(ctx, strings.ReplaceAll(c.edit, "{meta}", `"`+table+`_log"`))
 		require.NoError(t, err)
 		store, err = outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
 		require.NoError(t, err)
 		r, err = relay.New(store, publish, &relay.Config{Logger: dbtest.Logger(t)})
 		require.NoError(t, err)
 		err = r.Run(ctx)
-		require.ErrorIs(t, err, outbox.ErrInvalidTable, "version %d", version)
-		require.ErrorContains(t, err, "log layout of "+says)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, c.edit)
+		require.ErrorContains(t, err, c.says, c.edit)
+		t.Logf("%s: %v", c.edit, err)
 	}
 	require.NoError(t, ctx.Err(), "Run returned on its own")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -625,17 +626,20 @@ func (c *common) existingLayout(ctx context.Context) (layout outbox.Layout, exis
 		return 0, false, err
 	}
 	defer db.Close()
-	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", c.table).Scan(&exists); err != nil || !exists {
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", c.table).Scan(&exists); err != nil {
 		return 0, false, err
 	}
 	// Read only to choose the DDL, which brings the table up to date:
 	// a warning that it is not (an older claim function) is not for here.
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: c.table, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		return 0, true, err
+		return 0, exists, err
 	}
 	layout, err = store.Layout(ctx)
-	return layout, true, err
+	if !exists && !errors.Is(err, outbox.ErrInvalidTable) {
+		return 0, false, nil // to create (a name of another table's side object is refused)
+	}
+	return layout, exists, err
 }
 
 // printOrApply prints ddl, or runs it in the database when apply is set.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -229,12 +230,12 @@ const relayGOMAXPROCS = 1
 // cheap however large the table). An error that waiting can cure (a
 // terminated session, a database restarting) is retried with backoff, as
 // the relay's loop would; one that needs a person (a missing table, a
-// refused password) is returned.
+// refused password, a table that is not an outbox table) is returned.
 func probeTable(ctx context.Context, store *outbox.Store, logger *slog.Logger) error {
 	backoff := outbox.ExponentialBackoff(100*time.Millisecond, 5*time.Second)
 	for attempt := 1; ; attempt++ {
 		_, err := store.Gauges(ctx, 1)
-		if err == nil || relay.Advice(err) != "" || ctx.Err() != nil {
+		if err == nil || relay.Advice(err) != "" || errors.Is(err, outbox.ErrInvalidTable) || ctx.Err() != nil {
 			return err
 		}
 		wait := backoff(attempt)
