@@ -114,12 +114,14 @@
 //
 // A table has one of two layouts ([Layout]), recorded in the database when
 // it is created and read from there by every Store ([Store.Layout]): no
-// configuration chooses it. [LayoutRows] ([Schema]) keeps one row per
-// message and updates it as the message moves on; [LayoutLog] ([LogSchema])
-// only ever inserts events, records what relays did in small insert-only
-// tables beside them, and empties whole partitions by TRUNCATE, so that
-// relaying leaves no dead tuples behind and keeps its speed while VACUUM is
-// held back. [Store.ConvertToLog] turns the first into the second, online.
+// configuration chooses it. [LayoutLog], the default ([Schema],
+// [Store.CreateSchemaIfAbsent], [Migrations], `outbox schema`), only ever
+// inserts events, records what relays did in small insert-only tables
+// beside them, and empties whole partitions by TRUNCATE, so that relaying
+// leaves no dead tuples behind and keeps its speed while VACUUM is held
+// back; use it. [LayoutRows] ([RowsSchema], [Store.CreateRowsSchemaIfAbsent])
+// keeps one row per message and updates it as the message moves on.
+// [Store.ConvertToLog] turns the second into the first, online.
 //
 // How the log layout hands out events: each event carries the id of the
 // transaction that wrote it (tx). A claim takes a window of transactions,

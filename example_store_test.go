@@ -111,12 +111,12 @@ func ExampleOrderedByKey() {
 	if err := store.Release(ctx, msgs[2]); err != nil {
 		log.Fatal(err)
 	}
+	claim() // nothing: order.shipped waits behind order.placed
 	st, err := store.Stats(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("blocked keys:", st.BlockedKeys, "held:", st.Held)
-	claim() // nothing: order.shipped waits behind order.placed
 
 	if _, err := store.Discard(ctx, msgs[0].ID); err != nil {
 		log.Fatal(err)

@@ -21,8 +21,9 @@ type Layout int
 
 const (
 	// LayoutRows keeps one row per message and updates it as the message is
-	// claimed, published, failed or parked. It is what Schema and the
-	// embedded migrations create.
+	// claimed, published, failed or parked. It is what RowsSchema,
+	// Store.CreateRowsSchemaIfAbsent, the migrations under rows/ of
+	// Migrations and `outbox schema --layout rows` create.
 	LayoutRows Layout = iota + 1
 
 	// LayoutLog only ever inserts events: what relays took, published or
@@ -30,8 +31,9 @@ const (
 	// failures), and history goes away by truncating whole partitions,
 	// never by DELETE or UPDATE. Relaying leaves no dead tuples in the
 	// table that holds the events, so claims do not slow down while
-	// VACUUM is held back (by a long report query, say). Created by
-	// LogSchema (`outbox schema`, whose default it is); made ordered by
+	// VACUUM is held back (by a long report query, say). It is the
+	// default: what Schema (LogSchema), Store.CreateSchemaIfAbsent, the
+	// top of Migrations and `outbox schema` create; made ordered by
 	// Store.ConvertOrdering (`outbox convert --to ordered`) or created so
 	// (`outbox schema --layout log --ordered`), like a table of LayoutRows.
 	LayoutLog
@@ -583,8 +585,8 @@ func (t table) logUnorderDDL(l logTables) string {
 // CreateLogSchemaIfAbsent creates the table as one of LayoutLog (see
 // LogSchema) if it does not exist yet, or brings one of an earlier log
 // version up to date. A store configured OrderedByKey makes the table
-// ordered, as CreateSchemaIfAbsent does. Like CreateSchemaIfAbsent, it is
-// meant for development and tests.
+// ordered. It is what CreateSchemaIfAbsent does when the table does not
+// exist, and, like it, meant for development and tests.
 func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	db, err := s.pool()
 	if err != nil {

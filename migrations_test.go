@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"flag"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,40 +12,63 @@ import (
 
 var update = flag.Bool("update", false, "rewrite migrations/ from Schema")
 
-// expectedMigrations derives every migration file from the one DDL in
-// schema.go, so the files cannot drift from what CreateSchemaIfAbsent does.
+// expectedMigrations derives every migration file from the one DDL of each
+// layout, so the files cannot drift from what Schema (and
+// CreateSchemaIfAbsent) and RowsSchema (CreateRowsSchemaIfAbsent) create:
+// the default layout, LayoutLog, at the top, the rows layout under rows/.
 func expectedMigrations(t *testing.T) map[string]string {
 	t.Helper()
 	tbl, err := parseTable(TableDefault)
 	require.NoError(t, err)
+	logUp, err := Schema(TableDefault)
+	require.NoError(t, err)
 	down, err := DropSchema(TableDefault)
 	require.NoError(t, err)
-	const head = "-- The outbox table of github.com/acemq/outbox (table \"outbox\").\n-- Generated from outbox.Schema; `outbox schema --table NAME` prints it for another name.\n\n"
+	const logHead = "-- The outbox table of github.com/acemq/outbox (table \"outbox\"), in the log layout: the default.\n-- Generated from outbox.Schema; `outbox schema --table NAME` prints it for another name.\n\n"
+	const rowsHead = "-- The outbox table of github.com/acemq/outbox (table \"outbox\"), in the rows layout.\n-- Generated from outbox.RowsSchema; `outbox schema --layout rows --table NAME` prints it for another name.\n\n"
 	goose := func(up, down string) string {
-		return head + "-- +goose Up\n-- +goose StatementBegin\n" + up + "-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n" + down + "-- +goose StatementEnd\n"
+		return "-- +goose Up\n-- +goose StatementBegin\n" + up + "-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n" + down + "-- +goose StatementEnd\n"
 	}
 	return map[string]string{
-		"migrations/000001_create_outbox.up.sql":    head + tbl.createSQL(),
-		"migrations/000001_create_outbox.down.sql":  head + down,
-		"migrations/000002_order.up.sql":            head + tbl.orderSQL(),
-		"migrations/000002_order.down.sql":          head + tbl.dropOrderSQL(),
-		"migrations/goose/000001_create_outbox.sql": head + "-- +goose Up\n-- +goose StatementBegin\n" + tbl.createSQL() + "-- +goose StatementEnd\n\n-- +goose Down\n" + down,
-		"migrations/goose/000002_order.sql":         goose(tbl.orderSQL(), tbl.dropOrderSQL()),
+		"migrations/000001_create_outbox.up.sql":    logHead + logUp,
+		"migrations/000001_create_outbox.down.sql":  logHead + down,
+		"migrations/goose/000001_create_outbox.sql": logHead + goose(logUp, down),
+
+		"migrations/rows/000001_create_outbox.up.sql":    rowsHead + tbl.createSQL(),
+		"migrations/rows/000001_create_outbox.down.sql":  rowsHead + tbl.dropRowsSQL(),
+		"migrations/rows/000002_order.up.sql":            rowsHead + tbl.orderSQL(),
+		"migrations/rows/000002_order.down.sql":          rowsHead + tbl.dropOrderSQL(),
+		"migrations/rows/goose/000001_create_outbox.sql": rowsHead + "-- +goose Up\n-- +goose StatementBegin\n" + tbl.createSQL() + "-- +goose StatementEnd\n\n-- +goose Down\n" + tbl.dropRowsSQL(),
+		"migrations/rows/goose/000002_order.sql":         rowsHead + goose(tbl.orderSQL(), tbl.dropOrderSQL()),
 	}
 }
 
 func TestMigrationsMatchSchema(t *testing.T) {
 	t.Parallel()
-	for path, want := range expectedMigrations(t) {
+	want := expectedMigrations(t)
+	for path, content := range want {
 		if *update {
 			require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-			require.NoError(t, os.WriteFile(path, []byte(want), 0o644))
+			require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
 		}
 		got, err := Migrations.ReadFile(path)
 		if *update {
 			continue // the embedded copy is the old one until the next build
 		}
 		require.NoError(t, err, "migration file missing: run go test -run TestMigrationsMatchSchema -update")
-		require.Equal(t, want, string(got), "%s differs from outbox.Schema: run go test -run TestMigrationsMatchSchema -update", path)
+		require.Equal(t, content, string(got), "%s differs from outbox.Schema: run go test -run TestMigrationsMatchSchema -update", path)
 	}
+	// No file is left over from an earlier layout of the directory.
+	require.NoError(t, fs.WalkDir(Migrations, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if _, ok := want[path]; !ok {
+			if *update {
+				return os.Remove(path)
+			}
+			t.Errorf("%s is not a migration of Schema or RowsSchema: run go test -run TestMigrationsMatchSchema -update", path)
+		}
+		return nil
+	}))
 }

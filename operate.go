@@ -305,15 +305,44 @@ func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Durat
 	return total, nil
 }
 
-// CreateSchemaIfAbsent creates the outbox table and its indexes if they do
-// not exist yet, and, for a store in ordered mode (StoreConfig.Ordering),
-// makes the table ordered if it is not (OrderSchema).
+// CreateSchemaIfAbsent creates the outbox table in the default layout,
+// LayoutLog (as CreateLogSchemaIfAbsent does), if it does not exist yet. A
+// table that exists keeps its layout and is brought up to date in it: one
+// of LayoutRows as by CreateRowsSchemaIfAbsent, one of LayoutLog as by
+// CreateLogSchemaIfAbsent. A store in ordered mode (StoreConfig.Ordering)
+// makes the table ordered if it is not.
 //
 // It is meant for development and tests. In production the table belongs to
 // the migrations that own the rest of your schema (see Migrations, Schema,
 // and `outbox schema`): when your database changes is not a library's
 // decision to take at start-up.
 func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
+	db, err := s.pool()
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", s.t.quoted).Scan(&exists); err != nil {
+		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
+	}
+	if !exists {
+		return s.CreateLogSchemaIfAbsent(ctx)
+	}
+	switch l, err := s.Layout(ctx); {
+	case l == LayoutLog: // of an older version too: brought up to date
+		return s.CreateLogSchemaIfAbsent(ctx)
+	case err != nil:
+		return err
+	}
+	return s.CreateRowsSchemaIfAbsent(ctx)
+}
+
+// CreateRowsSchemaIfAbsent creates the outbox table in LayoutRows and its
+// indexes if they do not exist yet (RowsSchema), and, for a store in
+// ordered mode (StoreConfig.Ordering), makes the table ordered if it is not
+// (OrderSchema). On a table of LayoutLog it does nothing. Like
+// CreateSchemaIfAbsent, it is meant for development and tests.
+func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 	db, err := s.pool()
 	if err != nil {
 		return err

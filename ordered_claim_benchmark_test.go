@@ -31,7 +31,7 @@ func BenchmarkOrderedClaim(b *testing.B) {
 			require.NoError(b, store.CreateLogSchemaIfAbsent(ctx))
 			truncate = fmt.Sprintf(`TRUNCATE "%[1]s", "%[1]s_batch", "%[1]s_settle", "%[1]s_failed"`, store.Table())
 		} else {
-			require.NoError(b, store.CreateSchemaIfAbsent(ctx))
+			require.NoError(b, store.CreateRowsSchemaIfAbsent(ctx))
 		}
 		for _, batch := range []int{100, 1000, 2500, 5000, 20000} {
 			name := fmt.Sprintf("keys=%d/batch=%d", c.keys, batch)

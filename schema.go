@@ -16,8 +16,10 @@ const TableDefault = "outbox"
 // Migrations holds the schema of the default "outbox" table as plain SQL
 // files, in the layout golang-migrate and Atlas read
 // (NNN_name.up.sql / NNN_name.down.sql) and, under goose/, in goose's
-// annotated form. Copy them into the migrations of your application, or
-// print the DDL for another table name with Schema or `outbox schema`.
+// annotated form: at the top, the default layout (LayoutLog, what Schema
+// creates); under rows/ (and rows/goose/), the rows layout, what
+// RowsSchema creates. Copy them into the migrations of your application,
+// or print the DDL for another table name with Schema or `outbox schema`.
 //
 //go:embed migrations
 var Migrations embed.FS
@@ -45,12 +47,22 @@ func parseTable(s string) (table, error) {
 
 func truncate(s string, n int) string { return textcut.Cut(s, n) }
 
-// Schema returns the DDL that creates the outbox table of the given name and
-// its indexes, at the current version: the creation and every upgrade, in
-// order, as in Migrations. Every statement is idempotent (IF NOT EXISTS),
-// so the script can be run more than once, and run on a table of an older
-// version it upgrades it.
+// Schema returns the DDL that creates the outbox table of the given name in
+// the default layout, LayoutLog (the same as LogSchema), as the top of
+// Migrations, `outbox schema` and Store.CreateSchemaIfAbsent do. Every
+// statement is idempotent, so the script can be run more than once, and run
+// on a log table of an older version it brings it up to date. RowsSchema
+// is the rows layout's.
 func Schema(tableName string) (string, error) {
+	return LogSchema(tableName)
+}
+
+// RowsSchema returns the DDL that creates the outbox table of the given
+// name in LayoutRows and its indexes, at the current version: the creation
+// and every upgrade, in order, as in Migrations' rows/. Every statement is
+// idempotent (IF NOT EXISTS), so the script can be run more than once, and
+// run on a table of an older version it upgrades it.
+func RowsSchema(tableName string) (string, error) {
 	t, err := parseTable(tableName)
 	if err != nil {
 		return "", err
@@ -58,13 +70,30 @@ func Schema(tableName string) (string, error) {
 	return t.createSQL() + "\n" + t.orderSQL(), nil
 }
 
-// DropSchema returns the DDL that drops the outbox table of the given name.
+// DropSchema returns the DDL that drops the outbox table of the given name
+// and the objects beside it, of either layout: the down migration. Every
+// statement is idempotent (IF EXISTS).
 func DropSchema(tableName string) (string, error) {
 	t, err := parseTable(tableName)
 	if err != nil {
 		return "", err
 	}
-	return "DROP TABLE IF EXISTS " + t.quoted + ";\n", nil
+	return t.dropSQL(), nil
+}
+
+// dropRowsSQL drops a table of the rows layout (the down migration of
+// 000001 in rows/).
+func (t table) dropRowsSQL() string { return "DROP TABLE IF EXISTS " + t.quoted + ";\n" }
+
+// dropSQL drops the table and what Schema creates beside it, of either
+// layout: the view first, which depends on the tables; the claim function;
+// the tables (their partitions and sequences go with them).
+func (t table) dropSQL() string {
+	l := t.logTables()
+	return "DROP VIEW IF EXISTS " + l.view + ";\n" +
+		"DROP FUNCTION IF EXISTS " + l.claimFn + logClaimArgs + ";\n" +
+		"DROP TABLE IF EXISTS " + l.failed + ", " + l.settle + ", " + l.batch + ", " + l.meta + ";\n" +
+		t.dropRowsSQL()
 }
 
 // createSQL is the one definition of the table. The embedded migrations are

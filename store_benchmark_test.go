@@ -26,7 +26,7 @@ func BenchmarkAdd(b *testing.B) {
 	// row's key again (held already) and numbers the row.
 	orderedPool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(b), Ordering: outbox.OrderedByKey})
 	require.NoError(b, err)
-	require.NoError(b, orderedPool.CreateSchemaIfAbsent(ctx))
+	require.NoError(b, orderedPool.CreateRowsSchemaIfAbsent(ctx))
 	ordered, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: orderedPool.Table(), Ordering: outbox.OrderedByKey})
 	require.NoError(b, err)
 	// An unordered store on the ordered table: the trigger alone for one
@@ -35,7 +35,7 @@ func BenchmarkAdd(b *testing.B) {
 	require.NoError(b, err)
 	pool, err := outbox.NewStore(db, &outbox.StoreConfig{Table: store.Table()})
 	require.NoError(b, err)
-	require.NoError(b, pool.CreateSchemaIfAbsent(ctx))
+	require.NoError(b, pool.CreateRowsSchemaIfAbsent(ctx))
 	// The log layout (issue 20): the same INSERT, into a partitioned table
 	// with two indexes and a BRIN one.
 	logged, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: dbtest.Table(b)})
@@ -112,7 +112,7 @@ func BenchmarkClaimMarkPublished(b *testing.B) {
 			if c.layout == "log" {
 				require.NoError(b, store.CreateLogSchemaIfAbsent(ctx))
 			} else {
-				require.NoError(b, store.CreateSchemaIfAbsent(ctx))
+				require.NoError(b, store.CreateRowsSchemaIfAbsent(ctx))
 			}
 			fill := func() {
 				tx, err := db.BeginTx(ctx, nil)
@@ -161,7 +161,7 @@ func BenchmarkClaimWithHistory(b *testing.B) {
 		// Set up once, outside b.Run: the sub-benchmark runs more than once.
 		store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(b)})
 		require.NoError(b, err)
-		require.NoError(b, store.CreateSchemaIfAbsent(ctx))
+		require.NoError(b, store.CreateRowsSchemaIfAbsent(ctx))
 		_, err = db.ExecContext(ctx, `INSERT INTO "`+store.Table()+`" (id, event_type, payload, published_at, created_at)
 			SELECT gen_random_uuid(), 'old.event', '\x7b7d', now() - interval '1 hour', now() - interval '2 hours'
 			FROM generate_series(1, $1)`, published)

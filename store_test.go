@@ -28,7 +28,7 @@ type testBundle struct {
 // setup gives the test its own outbox table on the shared pool.
 func setup(t *testing.T, cfg *outbox.StoreConfig) *testBundle {
 	t.Helper()
-	return setupWith(t, cfg, (*outbox.Store).CreateSchemaIfAbsent)
+	return setupWith(t, cfg, (*outbox.Store).CreateRowsSchemaIfAbsent)
 }
 
 // setupWith is setup that creates the table with create.
@@ -582,6 +582,10 @@ func TestTableNames(t *testing.T) {
 		require.ErrorContains(t, err, "invalid table name", name)
 		_, err = outbox.Schema(name)
 		require.ErrorIs(t, err, outbox.ErrInvalidTable, name)
+		_, err = outbox.RowsSchema(name)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, name)
+		_, err = outbox.DropSchema(name)
+		require.ErrorIs(t, err, outbox.ErrInvalidTable, name)
 	}
 	_, err := outbox.Schema("")
 	require.ErrorContains(t, err, "the name is empty")
@@ -598,8 +602,8 @@ func TestTableNames(t *testing.T) {
 		store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
 		require.NoError(t, err)
 		require.Equal(t, table, store.Table())
-		require.NoError(t, store.CreateSchemaIfAbsent(ctx))
-		require.NoError(t, store.CreateSchemaIfAbsent(ctx), "idempotent")
+		require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
+		require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx), "idempotent")
 		b := &testBundle{db: db, store: store}
 		b.addCommitted(t, events(2)...)
 		msgs, err := store.Claim(ctx, 5, time.Minute)
@@ -644,18 +648,19 @@ func TestContextCancellation(t *testing.T) {
 	defer tx.Rollback() //nolint:errcheck
 
 	calls := map[string]func() error{
-		"Add":                  func() error { return b.store.Add(ctx, tx, events(1)...) },
-		"Claim":                func() error { _, err := b.store.Claim(ctx, 1, time.Minute); return err },
-		"MarkPublished":        func() error { return b.store.MarkPublished(ctx, claimed...) },
-		"MarkFailed":           func() error { return b.store.MarkFailed(ctx, claimed[0], "x") },
-		"Release":              func() error { return b.store.Release(ctx, claimed...) },
-		"Pending":              func() error { _, err := b.store.Pending(ctx); return err },
-		"Stats":                func() error { _, err := b.store.Stats(ctx); return err },
-		"Parked":               func() error { _, err := b.store.Parked(ctx, 1); return err },
-		"Retry":                func() error { _, err := b.store.Retry(ctx, claimed[0].ID); return err },
-		"RetryAllParked":       func() error { _, err := b.store.RetryAllParked(ctx); return err },
-		"PurgePublished":       func() error { _, err := b.store.PurgePublished(ctx, 0); return err },
-		"CreateSchemaIfAbsent": func() error { return b.store.CreateSchemaIfAbsent(ctx) },
+		"Add":                      func() error { return b.store.Add(ctx, tx, events(1)...) },
+		"Claim":                    func() error { _, err := b.store.Claim(ctx, 1, time.Minute); return err },
+		"MarkPublished":            func() error { return b.store.MarkPublished(ctx, claimed...) },
+		"MarkFailed":               func() error { return b.store.MarkFailed(ctx, claimed[0], "x") },
+		"Release":                  func() error { return b.store.Release(ctx, claimed...) },
+		"Pending":                  func() error { _, err := b.store.Pending(ctx); return err },
+		"Stats":                    func() error { _, err := b.store.Stats(ctx); return err },
+		"Parked":                   func() error { _, err := b.store.Parked(ctx, 1); return err },
+		"Retry":                    func() error { _, err := b.store.Retry(ctx, claimed[0].ID); return err },
+		"RetryAllParked":           func() error { _, err := b.store.RetryAllParked(ctx); return err },
+		"PurgePublished":           func() error { _, err := b.store.PurgePublished(ctx, 0); return err },
+		"CreateSchemaIfAbsent":     func() error { return b.store.CreateSchemaIfAbsent(ctx) },
+		"CreateRowsSchemaIfAbsent": func() error { return b.store.CreateRowsSchemaIfAbsent(ctx) },
 	}
 	for name, call := range calls {
 		require.ErrorIs(t, call(), context.Canceled, name)

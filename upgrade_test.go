@@ -51,7 +51,7 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	_, err = db.ExecContext(ctx, `UPDATE "`+table+`" SET parked_at = now(), attempts = 10 WHERE id = (SELECT id FROM "`+table+`" ORDER BY id DESC LIMIT 1)`)
 	require.NoError(t, err)
 
-	up, err := outbox.Schema(table)
+	up, err := outbox.RowsSchema(table)
 	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, up)
 	require.NoError(t, err)

@@ -24,7 +24,7 @@ func TestEntcExtension(t *testing.T) {
 	db, sch := dbtest.SchemaDB(t)
 	store, err := outbox.NewStore(db, nil)
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 
 	ob, err := entoutbox.New(nil)
 	require.NoError(t, err)

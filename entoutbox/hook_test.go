@@ -43,7 +43,7 @@ func setupWith(t testing.TB, cfg *entoutbox.Config) *testBundle {
 	db, sch := dbtest.SchemaDB(t)
 	store, err := outbox.NewStore(db, nil)
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 
 	client := testent.NewClient(testent.Driver(entsql.OpenDB(dialect.Postgres, db)))
 	require.NoError(t, client.Schema.Create(ctx))

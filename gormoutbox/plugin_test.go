@@ -88,7 +88,7 @@ func setup(t testing.TB, plugin *gormoutbox.Plugin, cfg *gorm.Config) *testBundl
 	require.NoError(t, db.Use(plugin))
 	store, err := outbox.NewStore(sqlDB, &outbox.StoreConfig{Table: plugin.Table})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	require.NoError(t, db.Session(&gorm.Session{}).AutoMigrate(&Order{}, &Line{}, &Plain{}, &Coupon{}, &Shipment{}))
 	return &testBundle{db: db, sqlDB: sqlDB, schema: sch}
 }

@@ -24,7 +24,7 @@ func TestPluginWritesThroughASharedStore(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(sqlDB, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange("shop"), Ordering: outbox.OrderedByKey})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
 	require.NoError(t, db.Use(&gormoutbox.Plugin{Store: store}))

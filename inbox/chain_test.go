@@ -38,7 +38,7 @@ func TestChainUnderFaultsExactlyOnce(t *testing.T) {
 	store, err := outbox.NewStore(relayDB, &outbox.StoreConfig{Table: dbtest.Table(t), Router: func(outbox.Event) (string, string) { return "", w.queue },
 		Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	relayName, consumerName := amqptest.Name(t, "relay"), amqptest.Name(t, "consumer")
 	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqptest.URL(), ConnectionName: relayName, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)

@@ -54,7 +54,7 @@ func TestObserverRecordsMetrics(t *testing.T) {
 	db := dbtest.DB(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), MaxAttempts: 1, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}, outbox.Event{Type: "c"}))

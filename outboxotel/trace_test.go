@@ -47,7 +47,7 @@ func TestTraceFromWriterToConsumer(t *testing.T) {
 	require.NoError(t, db.Use(&gormoutbox.Plugin{Table: sch + ".outbox", Router: outbox.ToExchange(top.Exchange), Headers: outboxotel.Headers(nil)}))
 	store, err := outbox.NewStore(dbtest.DB(t), &outbox.StoreConfig{Table: sch + ".outbox", Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	require.NoError(t, db.Table(sch+".invoices").AutoMigrate(&Invoice{}))
 
 	// The writer: a request's span around the GORM write.

@@ -57,7 +57,7 @@ func newStoreOn(t *testing.T, layout string, cfg *outbox.StoreConfig) (*sql.DB, 
 	if layout == "log" {
 		require.NoError(t, store.CreateLogSchemaIfAbsent(context.Background()))
 	} else {
-		require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+		require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	}
 	l, err := store.Layout(context.Background())
 	require.NoError(t, err)
@@ -126,6 +126,55 @@ func TestRequireEventInsideAndAfterCommit(t *testing.T) {
 		msg = failure(func(tb testing.TB) { outboxtest.RequireEvent(tb, db, table, outboxtest.Match{Payload: "{"}) })
 		require.Contains(t, msg, "Match.Payload is not JSON")
 	})
+}
+
+// Issue 38, item 2: the assertions read a table of either layout (the log
+// layout, the default, through its _messages view), schema-qualified or
+// not, through database/sql and pgx, and tell published from pending.
+func TestRequireEventOnEveryLayout(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{"rows", "log"} {
+		for _, qualified := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/qualified=%v", layout, qualified), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				db := dbtest.DB(t)
+				table := dbtest.Table(t)
+				if qualified {
+					table = dbtest.Schema(t) + ".outbox"
+				}
+				store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
+				require.NoError(t, err)
+				create := store.CreateSchemaIfAbsent
+				if layout == "rows" {
+					create = store.CreateRowsSchemaIfAbsent
+				}
+				require.NoError(t, create(ctx))
+				l, err := store.Layout(ctx)
+				require.NoError(t, err)
+				require.Equal(t, layout, l.String())
+
+				pool, err := pgxpool.New(ctx, dbtest.URL())
+				require.NoError(t, err)
+				defer pool.Close()
+				tx, err := pool.Begin(ctx)
+				require.NoError(t, err)
+				defer tx.Rollback(ctx) //nolint:errcheck
+				require.NoError(t, store.Add(ctx, pgxoutbox.Tx(tx), outbox.Event{Type: "order.placed", Key: "order-7"}))
+				e := outboxtest.RequireEvent(t, tx, table, outboxtest.Match{Type: "order.placed", Key: "order-7"})
+				require.False(t, e.Published)
+				outboxtest.RequireNoEvent(t, db, table, outboxtest.Match{})
+				require.NoError(t, tx.Commit(ctx))
+
+				n, err := outboxtest.Drain(ctx, store, &outboxtest.Publisher{})
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+				e = outboxtest.RequireEvent(t, db, table, outboxtest.Match{Type: "order.placed"})
+				require.True(t, e.Published)
+				require.True(t, outboxtest.RequireEvent(t, pool, table, outboxtest.Match{Key: "order-7"}).Published)
+			})
+		}
+	}
 }
 
 // Issue 22, item 1: the assertions read through pgx too.

@@ -21,7 +21,7 @@ func TestWakesOnCommitOnly(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	ddl, err := outbox.NotifySchema(table)
 	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, ddl)

@@ -22,7 +22,7 @@ func setup(t *testing.T, ordering outbox.Ordering) (*outbox.Store, *pgx.Conn) {
 	ctx := context.Background()
 	store, err := outbox.NewStore(dbtest.DB(t), &outbox.StoreConfig{Table: dbtest.Table(t), Logger: dbtest.Logger(t), Ordering: ordering})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	conn, err := pgx.Connect(ctx, dbtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })

@@ -46,7 +46,7 @@ func quorumLeaderKilled(t *testing.T, ordering outbox.Ordering) {
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Router: outbox.ToExchange(exchange),
 		MaxAttempts: 3, Logger: dbtest.Logger(t), Ordering: ordering})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	b := &testBundle{db: db, store: store}
 
 	leader := cluster.QueueLeader(queue)

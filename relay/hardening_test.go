@@ -127,7 +127,7 @@ func TestNackIsNotTheMessagesFault(t *testing.T) {
 	store, err := outbox.NewStore(dbtest.DB(t), &outbox.StoreConfig{Table: dbtest.Table(t), Router: outbox.ToExchange(top.Exchange),
 		MaxAttempts: 1, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	b := &testBundle{db: dbtest.DB(t), store: store, top: top}
 	b.write(t, n, n, small)
 	r, _ := start(t, store, newPublisher(t, nil), &relay.Config{PollInterval: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond})

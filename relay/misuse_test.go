@@ -110,7 +110,7 @@ func TestClosedDBStopsRun(t *testing.T) {
 	if dbtest.LogLayout() {
 		require.NoError(t, store.CreateLogSchemaIfAbsent(ctx))
 	} else {
-		require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+		require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	}
 	var published atomic.Int32
 	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {

@@ -76,7 +76,7 @@ func measureLatency(b *testing.B, mode string, rate, seconds int) []time.Duratio
 	db := dbtest.DB(b)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange), Logger: dbtest.Logger(b)})
 	require.NoError(b, err)
-	require.NoError(b, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(b, store.CreateRowsSchemaIfAbsent(ctx))
 
 	var (
 		mu        sync.Mutex

@@ -50,7 +50,7 @@ func setupFunc(t testing.TB, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bi
 	if dbtest.LogLayout() {
 		require.NoError(t, store.CreateLogSchemaIfAbsent(context.Background()))
 	} else {
-		require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+		require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	}
 	return &testBundle{db: db, store: store, top: top, consumer: amqptest.ConsumeFunc(t, conn, top.Queue, fn)}
 }

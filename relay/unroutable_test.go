@@ -119,7 +119,7 @@ func TestPublisherDeclaresTopology(t *testing.T) {
 	db := dbtest.DB(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t), Router: outbox.ToExchange(exchange), Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	tx, err := db.Begin()
 	require.NoError(t, err)
 	require.NoError(t, store.Add(context.Background(), tx, outbox.Event{Type: "order.placed"}, outbox.Event{Type: "order.paid"}))

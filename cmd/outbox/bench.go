@@ -149,7 +149,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	create := store.CreateSchemaIfAbsent
+	create := store.CreateRowsSchemaIfAbsent
 	if o.layout == "log" {
 		create = store.CreateLogSchemaIfAbsent
 	}

@@ -39,7 +39,7 @@ func claims(ctx context.Context, c *common, o benchOptions, db *sql.DB) error {
 			if err != nil {
 				return err
 			}
-			if err := s.CreateSchemaIfAbsent(ctx); err != nil {
+			if err := s.CreateRowsSchemaIfAbsent(ctx); err != nil {
 				return err
 			}
 			pair[i] = s

@@ -497,10 +497,10 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	}
 	switch *layout {
 	case "rows":
-		ddl, err = outbox.Schema(c.table)
+		ddl, err = outbox.RowsSchema(c.table)
 		want = outbox.LayoutRows
 	case "log":
-		ddl, err = outbox.LogSchema(c.table)
+		ddl, err = outbox.Schema(c.table)
 		want = outbox.LayoutLog
 	default:
 		return c.usageError("--layout must be rows or log (got %q)", *layout)

@@ -42,7 +42,7 @@ func TestCLIDetails(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	tx, err := db.Begin()
 	require.NoError(t, err)
 	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
@@ -100,7 +100,7 @@ func TestStartupProbeRetriesTerminatedSession(t *testing.T) {
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: logger})
 	require.NoError(t, err)
 	require.Error(t, probeTable(ctx, store, logger), "a missing table is not waited for")
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 
 	// The check waits behind a lock; its session is terminated there.
 	locker, err := dbtest.DB(t).BeginTx(ctx, nil)
@@ -252,7 +252,7 @@ func TestVerifyReportCountsLossAndPhantoms(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	tx, err := db.Begin()
 	require.NoError(t, err)
 	ids, err := store.AddIDs(ctx, tx, outbox.Event{Type: "a", Key: "k"}, outbox.Event{Type: "b", Key: "k"})

@@ -158,7 +158,7 @@ func TestFlagMisuseIsRefused(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, MaxAttempts: 1})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
@@ -353,7 +353,7 @@ func TestRelayNotifyWithoutTriggerWarns(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(context.Background()))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr dbtest.Buffer

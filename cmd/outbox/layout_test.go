@@ -123,7 +123,7 @@ func TestConvertCommand(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
@@ -163,7 +163,7 @@ func TestConvertOrderingCommand(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 
 	code, out, _ := outboxCmd(t, nil, "schema", "--table", table, "--ordered")
 	require.Equal(t, 0, code)

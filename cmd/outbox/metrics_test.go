@@ -51,7 +51,7 @@ func TestRelayMetricsEndpoint(t *testing.T) {
 	table := dbtest.Table(t)
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange)})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "order.placed"}, outbox.Event{Type: "order.placed"}))

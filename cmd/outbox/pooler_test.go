@@ -61,7 +61,7 @@ func TestPoolerRelayOrdered(t *testing.T) {
 			table := dbtest.Table(t)
 			store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: table, Router: outbox.ToExchange(top.Exchange), Ordering: outbox.OrderedByKey, Logger: dbtest.Logger(t)})
 			require.NoError(t, err)
-			require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+			require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 
 			var stderr dbtest.Buffer
 			rctx, cancel := context.WithCancel(ctx)

@@ -213,7 +213,7 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	create := store.CreateSchemaIfAbsent
+	create := store.CreateRowsSchemaIfAbsent
 	if v.o.layout == "log" {
 		create = store.CreateLogSchemaIfAbsent
 	}

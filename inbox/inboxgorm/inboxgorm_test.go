@@ -42,7 +42,7 @@ func TestConsumeUpdatePublishAtomically(t *testing.T) {
 	require.NoError(t, gdb.Use(&gormoutbox.Plugin{Table: sch + ".outbox"}))
 	store, err := outbox.NewStore(sqlDB, &outbox.StoreConfig{Table: sch + ".outbox"})
 	require.NoError(t, err)
-	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	require.NoError(t, store.CreateRowsSchemaIfAbsent(ctx))
 	require.NoError(t, gdb.Table(sch+".shipments").AutoMigrate(&Shipment{}))
 	ib, err := inbox.New(sqlDB, &inbox.Config{Consumer: "shipping", Table: sch + ".inbox", MaxAttempts: 2})
 	require.NoError(t, err)

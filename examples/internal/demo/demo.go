@@ -72,7 +72,7 @@ func Start(ctx context.Context, name string) (*Run, error) {
 	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+r.Schema+`"`); err != nil {
 		return nil, err
 	}
-	ddl, err := outbox.Schema(r.Schema + ".outbox")
+	ddl, err := outbox.Schema(r.Schema + ".outbox") // the default layout, log; in production: migrations/
 	if err != nil {
 		return nil, err
 	}
@@ -183,10 +183,12 @@ func (r *Run) Await(want int, timeout time.Duration) int {
 	return r.Received()
 }
 
-// Published counts the run's outbox rows marked published.
+// Published counts the run's outbox messages published (the outbox table
+// has the default layout, the log layout: its _messages view says what
+// became of each event).
 func (r *Run) Published(ctx context.Context) (int, error) {
 	var n int
-	err := r.DB.QueryRowContext(ctx, `SELECT count(*) FROM "`+r.Schema+`".outbox WHERE published_at IS NOT NULL`).Scan(&n)
+	err := r.DB.QueryRowContext(ctx, `SELECT count(*) FROM "`+r.Schema+`".outbox_messages WHERE published_at IS NOT NULL`).Scan(&n)
 	return n, err
 }
 

@@ -1,6 +1,8 @@
--- The outbox table of github.com/acemq/outbox (table "outbox").
--- Generated from outbox.Schema; `outbox schema --table NAME` prints it for another name.
+-- The outbox table of github.com/acemq/outbox (table "outbox"), in the rows layout.
+-- Generated from outbox.RowsSchema; `outbox schema --layout rows --table NAME` prints it for another name.
 
+-- +goose Up
+-- +goose StatementBegin
 -- The order the database assigns to messages as they are written: claims
 -- follow it, and ordered mode keeps it per key. The roles that write events
 -- need USAGE on the sequence (GRANT USAGE ON SEQUENCE ... TO ...). Keep its
@@ -41,3 +43,17 @@ CREATE INDEX IF NOT EXISTS "outbox_key_idx" ON "outbox" (event_key, seq)
 -- The held messages, by key.
 CREATE INDEX IF NOT EXISTS "outbox_held_idx" ON "outbox" (event_key, seq)
     WHERE held AND published_at IS NULL AND parked_at IS NULL;
+-- +goose StatementEnd
+
+-- +goose Down
+-- +goose StatementBegin
+CREATE INDEX IF NOT EXISTS "outbox_claim_idx" ON "outbox" (id)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+DROP INDEX IF EXISTS "outbox_claim_seq_idx";
+DROP INDEX IF EXISTS "outbox_key_idx";
+DROP INDEX IF EXISTS "outbox_held_idx";
+ALTER TABLE "outbox" DROP COLUMN IF EXISTS held;
+ALTER TABLE "outbox" DROP COLUMN IF EXISTS discarded_at;
+ALTER TABLE "outbox" DROP COLUMN IF EXISTS seq;
+DROP SEQUENCE IF EXISTS "outbox_seq";
+-- +goose StatementEnd

@@ -1,5 +1,5 @@
--- The outbox table of github.com/acemq/outbox (table "outbox").
--- Generated from outbox.Schema; `outbox schema --table NAME` prints it for another name.
+-- The outbox table of github.com/acemq/outbox (table "outbox"), in the rows layout.
+-- Generated from outbox.RowsSchema; `outbox schema --layout rows --table NAME` prints it for another name.
 
 CREATE INDEX IF NOT EXISTS "outbox_claim_idx" ON "outbox" (id)
     WHERE published_at IS NULL AND parked_at IS NULL;
