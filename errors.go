@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/acemq/outbox/internal/dialect"
 )
 
 // PoolerHint explains a prepared statement that "already exists" (42P05)
@@ -54,6 +56,15 @@ var (
 	// Store.CheckOrdering when the table cannot keep the order of ordered
 	// mode as it is set up.
 	ErrOrderingUnsafe = errors.New("outbox: the table cannot keep per-key order")
+
+	// ErrUnsupportedDatabase is returned, wrapped with what was found, when
+	// the library is given a database other than PostgreSQL, the only one
+	// it supports: NewStore with a *sql.DB whose driver it can tell is
+	// another's (MySQL's go-sql-driver/mysql, say), gormoutbox's
+	// Plugin.Initialize on a GORM dialector other than postgres, and
+	// entoutbox's hook on an ent driver of another dialect. MySQL and
+	// MariaDB are not supported yet.
+	ErrUnsupportedDatabase = dialect.ErrUnsupported
 )
 
 // LeaseLostError reports messages that MarkPublished, MarkFailed or Release

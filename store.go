@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/acemq/outbox/internal/dialect"
 )
 
 // Defaults and limits of StoreConfig.
@@ -175,10 +177,17 @@ type Store struct {
 // NewStore returns a Store on the table that cfg names. db is the relay's own
 // pool: it is never used by Add. It may be nil for a Store that only writes
 // (as the ORM plugins do); the relay-side methods then return ErrNoPool.
-// NewStore does not touch the database.
+// NewStore does not touch the database. It refuses, with an error wrapping
+// ErrUnsupportedDatabase, a db whose driver is known to be another
+// database's than PostgreSQL (MySQL's go-sql-driver/mysql, say).
 func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 	if cfg == nil {
 		cfg = &StoreConfig{}
+	}
+	if db != nil {
+		if err := dialect.Check("outbox: NewStore", "the *sql.DB's driver speaks", dialect.OfDriver(db.Driver())); err != nil {
+			return nil, err
+		}
 	}
 	t, err := parseTable(cmp.Or(cfg.Table, TableDefault))
 	if err != nil {

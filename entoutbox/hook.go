@@ -10,6 +10,7 @@ import (
 	"entgo.io/ent"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dialect"
 	"github.com/acemq/outbox/internal/eventbox"
 )
 
@@ -233,8 +234,11 @@ type txer[TX any] interface {
 // A mutation that would carry events (from WithEvents or a rule) but runs
 // outside a transaction fails with outbox.ErrNoTransaction before it writes
 // anything; so does a mutation of code generated without the sql/execquery
-// feature, with ErrNoExecContext. Mutations without events pass through
-// untouched, in or out of a transaction.
+// feature, with ErrNoExecContext, and one whose driver is not PostgreSQL's
+// (entsql.OpenDB(dialect.MySQL, …), say), with an error wrapping
+// outbox.ErrUnsupportedDatabase: MySQL and MariaDB are not supported yet.
+// Mutations without events pass through untouched, in or out of a
+// transaction.
 func Hook[TX any](o *Outbox) ent.Hook {
 	return func(next ent.Mutator) ent.Mutator {
 		return ent.MutateFunc(func(ctx context.Context, m ent.Mutation) (ent.Value, error) {
@@ -242,6 +246,9 @@ func Hook[TX any](o *Outbox) ent.Hook {
 			rules := o.match(m.Type(), m.Op())
 			if len(rules) == 0 && !h.Pending() {
 				return next.Mutate(ctx, m)
+			}
+			if err := dialect.Check(fmt.Sprintf("entoutbox: %s %s", m.Type(), m.Op()), "ent dialect", dialect.OfEnt(m)); err != nil {
+				return nil, err // before the mutation: nothing is written
 			}
 			if _, ok := m.(outbox.Execer); !ok {
 				return nil, ErrNoExecContext
@@ -371,6 +378,9 @@ type committer interface {
 func (o *Outbox) Publish(ctx context.Context, tx outbox.Execer, evts ...outbox.Event) error {
 	if _, ok := tx.(committer); !ok {
 		return fmt.Errorf("%w (entoutbox: Publish needs the *ent.Tx of client.Tx, got %T)", outbox.ErrNoTransaction, tx)
+	}
+	if err := dialect.Check("entoutbox: Publish", "ent dialect", dialect.OfEnt(tx)); err != nil {
+		return err
 	}
 	if err := o.store.Add(ctx, tx, evts...); err != nil {
 		return fmt.Errorf("entoutbox: %w", err)

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dialect"
 	"github.com/acemq/outbox/internal/eventbox"
 )
 
@@ -100,8 +101,16 @@ var _ gorm.Plugin = (*Plugin)(nil)
 // Name returns PluginName.
 func (p *Plugin) Name() string { return PluginName }
 
-// Initialize registers the plugin's callbacks. db.Use calls it.
+// Initialize registers the plugin's callbacks. db.Use calls it. It
+// refuses a database other than PostgreSQL (a dialector whose Name is not
+// "postgres": gorm.io/driver/mysql's, say) with an error wrapping
+// outbox.ErrUnsupportedDatabase, and registers nothing then.
 func (p *Plugin) Initialize(db *gorm.DB) error {
+	if db.Dialector != nil {
+		if err := dialect.Check("gormoutbox: Plugin.Initialize", "GORM dialector", db.Dialector.Name()); err != nil {
+			return err
+		}
+	}
 	store, err := writerStore(p.Store, p.Table, p.Router, p.Headers, p.Ordering)
 	if err != nil {
 		return err
