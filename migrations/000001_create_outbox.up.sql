@@ -48,8 +48,48 @@ CREATE TABLE IF NOT EXISTS "outbox_p15" PARTITION OF "outbox" FOR VALUES IN (15)
 
 -- Relays read the events of a window of transactions in this order.
 CREATE INDEX IF NOT EXISTS "outbox_tx_idx" ON "outbox" (tx, seq);
--- Operators find a message by id.
-CREATE INDEX IF NOT EXISTS "outbox_id_idx" ON "outbox" (id);
+-- An event's id is unique in the table (ErrDuplicateID): PostgreSQL
+-- cannot index a partitioned table uniquely on a column that is not its
+-- partition key, so each partition has a unique index on id (which
+-- operators find messages by), and the trigger below looks in the others.
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p00_id_key" ON "outbox_p00" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p01_id_key" ON "outbox_p01" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p02_id_key" ON "outbox_p02" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p03_id_key" ON "outbox_p03" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p04_id_key" ON "outbox_p04" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p05_id_key" ON "outbox_p05" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p06_id_key" ON "outbox_p06" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p07_id_key" ON "outbox_p07" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p08_id_key" ON "outbox_p08" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p09_id_key" ON "outbox_p09" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p10_id_key" ON "outbox_p10" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p11_id_key" ON "outbox_p11" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p12_id_key" ON "outbox_p12" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p13_id_key" ON "outbox_p13" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p14_id_key" ON "outbox_p14" (id);
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_p15_id_key" ON "outbox_p15" (id);
+DROP INDEX IF EXISTS "outbox_id_idx";
+CREATE OR REPLACE FUNCTION "outbox_id_check"() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    dup uuid;
+BEGIN
+    SELECT n.id INTO dup FROM outbox_new AS n
+    WHERE EXISTS (SELECT 1 FROM "outbox" AS o WHERE o.id = n.id AND o.seq <> n.seq) LIMIT 1;
+    IF FOUND THEN
+        RAISE unique_violation USING MESSAGE = format('event id %s is already in table %s', dup, 'outbox'),
+            DETAIL = format('Key (id)=(%s) already exists.', dup);
+    END IF;
+    RETURN NULL;
+END
+$$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = '"outbox"'::regclass AND tgname = 'outbox_id_check') THEN
+        CREATE TRIGGER "outbox_id_check" AFTER INSERT ON "outbox"
+            REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION "outbox_id_check"();
+    END IF;
+END
+$$;
 -- Relays of an ordered table read a window in the order of ord.
 CREATE INDEX IF NOT EXISTS "outbox_ord_idx" ON "outbox" (ord) WHERE ord IS NOT NULL;
 
@@ -170,8 +210,19 @@ CREATE TABLE IF NOT EXISTS "outbox_log" (
     ordered_from  pg_snapshot
 );
 ALTER TABLE "outbox_log" ADD COLUMN IF NOT EXISTS ordered_from pg_snapshot;
+-- Relays compute partitions from its sizes: a row deleted or changed by
+-- hand is made again from what the tables are partitioned by.
+DELETE FROM "outbox_log" WHERE ctid NOT IN (SELECT ctid FROM "outbox_log" ORDER BY version DESC LIMIT 1);
 INSERT INTO "outbox_log" (version, chunk, parts, batch_chunk, batch_parts)
 SELECT 2, 1000000, 16, 1024, 4 WHERE NOT EXISTS (SELECT 1 FROM "outbox_log");
+UPDATE "outbox_log" AS m SET chunk = k.chunk, parts = k.parts, batch_chunk = k.bchunk, batch_parts = k.bparts
+FROM (SELECT coalesce(substring(e.def FROM '\(seq / (\d+)\)')::bigint, 1000000) AS chunk,
+          coalesce(substring(e.def FROM '% \((\d+)\)')::integer, 16) AS parts,
+          coalesce(substring(b.def FROM '\(batch_id / (\d+)\)')::bigint, 1024) AS bchunk,
+          coalesce(substring(b.def FROM '% \((\d+)\)')::integer, 4) AS bparts
+      FROM (SELECT pg_get_partkeydef('"outbox"'::regclass) AS def) AS e,
+           (SELECT pg_get_partkeydef('"outbox_batch"'::regclass) AS def) AS b) AS k
+WHERE (m.chunk, m.parts, m.batch_chunk, m.batch_parts) IS DISTINCT FROM (k.chunk, k.parts, k.bchunk, k.bparts);
 
 -- A claim of the next events: in one transaction, under the table's claim
 -- lock, the next part of the current window of transactions, or the next
