@@ -444,4 +444,5 @@ DROP VIEW IF EXISTS "outbox_messages";
 DROP FUNCTION IF EXISTS "outbox_claim"(integer, bigint, bigint, uuid, bigint);
 DROP TABLE IF EXISTS "outbox_failed", "outbox_settle", "outbox_batch", "outbox_log";
 DROP TABLE IF EXISTS "outbox";
+DROP FUNCTION IF EXISTS "outbox_id_check"();
 -- +goose StatementEnd
