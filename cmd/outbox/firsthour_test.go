@@ -201,14 +201,7 @@ func TestVerifyCommand(t *testing.T) {
 			t.Parallel()
 			args := append([]string{"verify", "--duration", "5s", "--rate", "100", "--fault-every", "1s", "--lease", "1s",
 				"--inbox", "--keys", "10", "--json"}, extra...)
-			cmd := exec.Command(bin, args...)
-			cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
-			var stderr dbtest.Buffer
-			cmd.Stderr = &stderr
-			stdout, err := cmd.Output()
-			require.NoError(t, err, "%s\n%s", stdout, stderr.String())
-			var rep verifyReport
-			require.NoError(t, json.Unmarshal(stdout, &rep), "%s", stdout)
+			rep, stdout, stderr := runVerify(t, bin, args...)
 			require.True(t, rep.OK, "%s", stdout)
 			require.Zero(t, rep.Lost+rep.Phantom+rep.OrderViolations)
 			require.Positive(t, rep.Committed)
@@ -233,7 +226,7 @@ func TestVerifyCommand(t *testing.T) {
 			// Progress lines, about one a second (which second the first
 			// one names depends on how loaded the machine is: CI once
 			// printed the first at 2s).
-			require.Regexp(t, `verify:\s+\d+s  written \d+`, stderr.String())
+			require.Regexp(t, `verify:\s+\d+s  written \d+`, stderr)
 			require.Zero(t, dbtest.Count(t, dbtest.DB(t), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1 || '%'`, rep.Table), "the scratch tables are dropped")
 		})
 	}
@@ -276,4 +269,49 @@ func TestVerifyReportCountsLossAndPhantoms(t *testing.T) {
 	rep = v.report(time.Second, final, nil)
 	require.Equal(t, 1, rep.OrderViolations, "the second message of the key arrived first")
 	require.False(t, rep.OK)
+}
+
+// Issue 39: the faults of the duplicates soak that need administrator
+// rights, asked for by name: terminate-db ends the relays' database
+// sessions (found by their application_name), close-broker has RabbitMQ
+// close their connections (found by their connection name). Each ends
+// something every time, and nothing is lost.
+func TestVerifyAdminFaults(t *testing.T) {
+	t.Parallel()
+	if _, err := rabbitmqctl(); err != nil {
+		t.Skip(err)
+	}
+	bin := filepath.Join(t.TempDir(), "outbox")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	rep, stdout, stderr := runVerify(t, bin, "verify", "--duration", "6s", "--rate", "100", "--fault-every", "1s", "--lease", "2s",
+		"--faults", "terminate-db,close-broker", "--json")
+	require.True(t, rep.OK, "%s", stdout)
+	require.Zero(t, rep.Lost+rep.Phantom)
+	require.Positive(t, rep.Faults["terminate-db"], "%v", rep.Faults)
+	require.Positive(t, rep.Faults["close-broker"], "%v", rep.Faults)
+	ended := map[string]int64{}
+	for _, e := range rep.FaultLog {
+		require.NotNil(t, e.Ended, "%s at %.1fs ended nothing it could count; stderr:\n%s", e.Fault, e.At, stderr)
+		ended[e.Fault] += *e.Ended
+	}
+	require.Positive(t, ended["terminate-db"], "relay sessions were terminated")
+	require.Positive(t, ended["close-broker"], "relay connections were closed by the broker")
+	require.NotContains(t, stderr, "verify: terminate-db:")
+	require.NotContains(t, stderr, "verify: close-broker:")
+}
+
+// runVerify runs outbox verify --json (bin, args) against the test servers
+// and returns its report, its stdout and its stderr; it must exit 0.
+func runVerify(t *testing.T, bin string, args ...string) (verifyReport, []byte, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	var stderr dbtest.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	require.NoError(t, err, "%s\n%s", stdout, stderr.String())
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal(stdout, &rep), "%s", stdout)
+	return rep, stdout, stderr.String()
 }

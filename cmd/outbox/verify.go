@@ -18,9 +18,17 @@ import (
 	"github.com/acemq/outbox/internal/tcpproxy"
 )
 
-// verifyFaults are the faults outbox verify can inject, none of which
-// needs administrator rights.
-var verifyFaults = []string{"kill", "cut-db", "cut-broker", "stall"}
+// verifyFaults are the faults outbox verify injects by default, none of
+// which needs administrator rights; verifyAdminFaults those it injects when
+// asked, which need them: terminate-db ends the relays' database sessions
+// with pg_terminate_backend (a superuser, or a member of
+// pg_signal_backend), close-broker has RabbitMQ close the relays'
+// connections (rabbitmqctl on this machine, or the command in
+// OUTBOX_RABBITMQCTL).
+var (
+	verifyFaults      = []string{"kill", "cut-db", "cut-broker", "stall"}
+	verifyAdminFaults = []string{"terminate-db", "close-broker"}
+)
 
 type verifyOptions struct {
 	duration, faultEvery, lease, drainTimeout time.Duration
@@ -77,7 +85,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.rollbackPct, "rollback-percent", 10, "percentage of the transactions rolled back on purpose: their events must never arrive")
 	c.fs.IntVar(&o.relays, "relays", 2, "relays, each a process of this binary (outbox relay), restarted when killed")
 	c.fs.IntVar(&o.keys, "keys", 50, "keys the events are spread over (per-key order is checked with --ordered)")
-	faults := c.fs.String("faults", strings.Join(verifyFaults, ","), "faults to inject in turn, comma-separated: kill (SIGKILL a relay), cut-db and cut-broker (cut a relay's connections through a TCP proxy verify inserts), stall (SIGSTOP a relay past its lease); \"none\" for none")
+	faults := c.fs.String("faults", strings.Join(verifyFaults, ","), "faults to inject in turn, comma-separated: kill (SIGKILL a relay), cut-db and cut-broker (cut a relay's connections through a TCP proxy verify inserts), stall (SIGSTOP a relay past its lease); with administrator rights, not by default: terminate-db (pg_terminate_backend of every relay session), close-broker (RabbitMQ closes every relay connection, through rabbitmqctl); \"none\" for none")
 	c.fs.DurationVar(&o.faultEvery, "fault-every", 3*time.Second, "time between faults")
 	c.fs.DurationVar(&o.lease, "lease", 3*time.Second, "the relays' --lease; a stalled relay stays stopped a second longer")
 	c.fs.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after writing, how long to wait for every committed event to arrive")
@@ -104,8 +112,13 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	}
 	if *faults != "none" {
 		for _, f := range strings.Split(*faults, ",") {
-			if !slices.Contains(verifyFaults, f) {
-				return c.usageError("unknown fault %q: %s or none", f, strings.Join(verifyFaults, ", "))
+			if !slices.Contains(verifyFaults, f) && !slices.Contains(verifyAdminFaults, f) {
+				return c.usageError("unknown fault %q: %s or none", f, strings.Join(append(slices.Clone(verifyFaults), verifyAdminFaults...), ", "))
+			}
+			if f == "close-broker" {
+				if _, err := rabbitmqctl(); err != nil {
+					return c.usageError("--faults close-broker: %v", err)
+				}
 			}
 			o.faults = append(o.faults, f)
 		}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,6 +24,10 @@ type faultEvent struct {
 	Fault    string  `json:"fault"`
 	At       float64 `json:"at_seconds"`
 	InFlight *int64  `json:"in_flight"`
+	// Ended is how many database sessions (terminate-db) or broker
+	// connections (close-broker) the fault ended; nil for other faults,
+	// and when it failed (said on stderr).
+	Ended *int64 `json:"ended,omitempty"`
 }
 
 // inFlight counts the messages claimed and not yet settled, nil when the
@@ -49,10 +56,12 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 		ev.InFlight = v.inFlight(ctx)
 	}
 	ev.At = math.Round(time.Since(v.started).Seconds()*10) / 10
-	v.mu.Lock()
-	v.faults[fault]++
-	v.faultLog = append(v.faultLog, ev)
-	v.mu.Unlock()
+	defer func() {
+		v.mu.Lock()
+		v.faults[fault]++
+		v.faultLog = append(v.faultLog, ev)
+		v.mu.Unlock()
+	}()
 	switch fault {
 	case "kill":
 		relays.signal(syscall.SIGKILL)
@@ -60,6 +69,22 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 		v.dbProxy.Cut()
 	case "cut-broker":
 		v.amqpProxy.Cut()
+	case "terminate-db":
+		var n int64
+		if err := v.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`,
+			v.relayName()).Scan(&n); err != nil {
+			fmt.Fprintf(v.c.stderr, "verify: terminate-db: %v\n", err)
+		} else {
+			ev.Ended = &n
+		}
+	case "close-broker":
+		// rabbitmqctl starts an Erlang node: this takes a second or
+		// more, by which the next fault comes later.
+		if n, err := closeNamedConnections(ctx, v.relayName()); err != nil {
+			fmt.Fprintf(v.c.stderr, "verify: close-broker: %v\n", err)
+		} else {
+			ev.Ended = &n
+		}
 	case "stall":
 		if p := relays.signal(syscall.SIGSTOP); p != nil {
 			go func() {
@@ -89,7 +114,8 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"relay", "--table", v.table, "--lease", v.o.lease.String(), "--poll-interval", "50ms", "--shutdown-timeout", "2s"}
+	args := []string{"relay", "--table", v.table, "--lease", v.o.lease.String(), "--poll-interval", "50ms", "--shutdown-timeout", "2s",
+		"--connection-name", v.relayName()}
 	if v.o.ordered {
 		args = append(args, "--ordered")
 	}
@@ -159,4 +185,47 @@ func (g *relayGroup) stop() {
 	}
 	g.mu.Unlock()
 	g.wg.Wait()
+}
+
+// relayName names the run's relays: their broker connections and their
+// database sessions (application_name), for the faults that end them.
+func (v *verifier) relayName() string { return "outbox-verify-relay-" + v.table }
+
+// rabbitmqctl returns the command that runs rabbitmqctl: the one in
+// OUTBOX_RABBITMQCTL (words, such as "docker compose exec -T rabbitmq
+// rabbitmqctl"), or rabbitmqctl on the PATH.
+func rabbitmqctl(args ...string) (*exec.Cmd, error) {
+	if prefix := strings.Fields(os.Getenv("OUTBOX_RABBITMQCTL")); len(prefix) > 0 {
+		return exec.Command(prefix[0], append(prefix[1:], args...)...), nil
+	}
+	path, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		return nil, errors.New("no rabbitmqctl on the PATH (set OUTBOX_RABBITMQCTL to the command that runs it)")
+	}
+	return exec.Command(path, args...), nil
+}
+
+// closeNamedConnections has the broker close every connection named name,
+// as rabbitmqctl close_connection does (320 CONNECTION_FORCED), in one
+// rabbitmqctl call, and returns how many it closed.
+func closeNamedConnections(ctx context.Context, name string) (int64, error) {
+	lit := strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(name)
+	cmd, err := rabbitmqctl("eval", `Pids = [Pid || Pid <- rabbit_networking:connections(),
+	{<<"connection_name">>, _, N} <- case catch rabbit_reader:info(Pid, [client_properties]) of
+		[{client_properties, Props}] when is_list(Props) -> Props; _ -> [] end,
+	N =:= <<"`+lit+`">>],
+[catch rabbit_networking:close_connection(Pid, "closed by outbox verify") || Pid <- Pids],
+length(Pids).`)
+	if err != nil {
+		return 0, err
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("rabbitmqctl eval: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("rabbitmqctl eval printed %q", out)
+	}
+	return n, ctx.Err()
 }

@@ -59,9 +59,12 @@ func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
 			return "", "", errors.New("the database URL: " + redact.Reason(err))
 		}
 		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		q := u.Query()
+		q.Set("application_name", v.relayName()) // the sessions terminate-db ends
+		u.RawQuery = q.Encode()
 		dbURL = u.String()
-	} else {
-		dbURL = fmt.Sprintf("%s host=127.0.0.1 port=%d", v.dbURL, port) // later keywords win
+	} else { // later keywords win
+		dbURL = fmt.Sprintf("%s host=127.0.0.1 port=%d application_name=%s", v.dbURL, port, v.relayName())
 	}
 	uri, err := amqp.ParseURI(v.amqpURL)
 	if err != nil {
