@@ -139,3 +139,34 @@ func TestMigrationFilesCreateTheDefaultLayout(t *testing.T) {
 	run("migrations/rows/000001_create_outbox.down.sql")
 	require.Zero(t, objects())
 }
+
+// DropSchema drops everything an ordered table of either layout has beside
+// it, the functions of its triggers included (the order trigger's was left
+// behind).
+func TestDropSchemaLeavesNothingOfAnOrderedTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, schema := dbtest.SchemaDB(t)
+	objects := func() int64 {
+		return dbtest.Count(t, db, `SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace)
+			+ (SELECT count(*) FROM pg_proc WHERE pronamespace = $1::regnamespace)`, schema)
+	}
+	for layout, order := range map[string]func(string) (string, error){"rows": outbox.OrderSchema, "log": outbox.LogOrderSchema} {
+		ddl := outbox.RowsSchema
+		if layout == "log" {
+			ddl = outbox.LogSchema
+		}
+		create, err := ddl("outbox")
+		require.NoError(t, err)
+		ordered, err := order("outbox")
+		require.NoError(t, err)
+		_, err = db.ExecContext(ctx, create+ordered)
+		require.NoError(t, err, layout)
+		require.Positive(t, objects())
+		drop, err := outbox.DropSchema("outbox")
+		require.NoError(t, err)
+		_, err = db.ExecContext(ctx, drop)
+		require.NoError(t, err, layout)
+		require.Zero(t, objects(), "%s: DropSchema leaves nothing behind", layout)
+	}
+}

@@ -87,15 +87,17 @@ func (t table) dropRowsSQL() string { return "DROP TABLE IF EXISTS " + t.quoted 
 
 // dropSQL drops the table and what Schema creates beside it, of either
 // layout: the view first, which depends on the tables; the claim function;
-// the tables (their partitions and sequences go with them); the function
-// of the trigger that checks ids.
+// the tables (their partitions and sequences go with them); the functions
+// of the triggers that check ids and, on an ordered table, take turns.
 func (t table) dropSQL() string {
 	l := t.logTables()
 	return "DROP VIEW IF EXISTS " + l.view + ";\n" +
 		"DROP FUNCTION IF EXISTS " + l.claimFn + logClaimArgs + ";\n" +
 		"DROP TABLE IF EXISTS " + l.failed + ", " + l.settle + ", " + l.batch + ", " + l.meta + ";\n" +
 		t.dropRowsSQL() +
-		"DROP FUNCTION IF EXISTS " + t.qualified(t.idCheck()) + "();\n" // its trigger went with the table
+		// Their triggers went with the table.
+		"DROP FUNCTION IF EXISTS " + t.qualified(t.idCheck()) + "();\n" +
+		"DROP FUNCTION IF EXISTS " + t.qualified(t.orderTrigger()) + "();\n"
 }
 
 // createSQL is the one definition of the table. The embedded migrations are

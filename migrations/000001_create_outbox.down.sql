@@ -6,3 +6,4 @@ DROP FUNCTION IF EXISTS "outbox_claim"(integer, bigint, bigint, uuid, bigint);
 DROP TABLE IF EXISTS "outbox_failed", "outbox_settle", "outbox_batch", "outbox_log";
 DROP TABLE IF EXISTS "outbox";
 DROP FUNCTION IF EXISTS "outbox_id_check"();
+DROP FUNCTION IF EXISTS "outbox_order"();
