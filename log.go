@@ -107,13 +107,13 @@ func LogSchema(tableName string) (string, error) {
 func (t table) logSQL(l logTables) string {
 	var parts, bparts, uniq strings.Builder
 	for i := int64(0); i < l.parts; i++ {
-		part := t.qualified(fmt.Sprintf("%s_p%02d", t.name, i))
+		part := t.logPartition(i)
 		fmt.Fprintf(&parts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", part, t.quoted, i)
 		fmt.Fprintf(&uniq, "CREATE UNIQUE INDEX IF NOT EXISTS \"%s_p%02d_id_key\" ON %s (id);\n", t.name, i, part)
 	}
 	for i := int64(0); i < logBatchParts; i++ {
-		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i)), l.batch, i)
-		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i)), l.settle, i)
+		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.logBatchPartition(i), l.batch, i)
+		fmt.Fprintf(&bparts, "CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES IN (%d);\n", t.logSettlePartition(i), l.settle, i)
 	}
 	// The claim function's two queries first: their placeholders are
 	// filled with the rest.

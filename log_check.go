@@ -30,11 +30,10 @@ func (t table) logObjects(l logTables) []logObject {
 		{l.seq, "sequence"}, {l.ordSeq, "ord sequence"},
 	}
 	for i := int64(0); i < l.parts; i++ {
-		objs = append(objs, logObject{t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)), "partition"})
+		objs = append(objs, logObject{t.logPartition(i), "partition"})
 	}
 	for i := int64(0); i < logBatchParts; i++ {
-		objs = append(objs, logObject{t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i)), "batch partition"},
-			logObject{t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i)), "settle partition"})
+		objs = append(objs, logObject{t.logBatchPartition(i), "batch partition"}, logObject{t.logSettlePartition(i), "settle partition"})
 	}
 	return objs
 }

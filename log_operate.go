@@ -196,8 +196,18 @@ type querier interface {
 }
 
 // partition names the i-th partition of the events table.
-func (ls *logStore) partition(i int64) string {
-	return ls.s.t.qualified(fmt.Sprintf("%s_p%02d", ls.s.t.name, i))
+func (ls *logStore) partition(i int64) string { return ls.s.t.logPartition(i) }
+
+// logPartition, logBatchPartition and logSettlePartition name the i-th
+// partition of a table of LayoutLog's events, batch and settle tables:
+// what logSQL creates, the layout's check looks for and maintenance
+// truncates.
+func (t table) logPartition(i int64) string { return t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)) }
+func (t table) logBatchPartition(i int64) string {
+	return t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i))
+}
+func (t table) logSettlePartition(i int64) string {
+	return t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i))
 }
 
 // purge truncates the partitions of the events table whose every event is
@@ -355,8 +365,7 @@ func (ls *logStore) rotate(ctx context.Context, db *sql.DB) error {
 }
 
 func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) error {
-	bp := ls.s.t.qualified(fmt.Sprintf("%s_batch_p%d", ls.s.t.name, i))
-	sp := ls.s.t.qualified(fmt.Sprintf("%s_settle_p%d", ls.s.t.name, i))
+	bp, sp := ls.s.t.logBatchPartition(i), ls.s.t.logSettlePartition(i)
 	unfinished := strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM ` + unsettledFrom + ` WHERE u.remaining > 0)`)
 	// Look before taking the lock: a partition just left behind by the
 	// batch ids holds batches in flight for a few seconds.

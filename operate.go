@@ -397,7 +397,7 @@ const GaugesLimitDefault = 100_000
 // metrics scrape, however large the table: each figure is read from a
 // partial index, and the counts stop at a limit. Its counts mean what those
 // of Stats do: Ready, InFlight, Retrying, Held and Parked add up to Pending
-// (each count stopping at the limit, and Pending at five times it).
+// (each count, Pending too, stopping at the limit).
 type Gauges struct {
 	// Pending counts messages waiting to be published, as Store.Pending
 	// does (ready, claimed, backing off, held and parked ones), up to the

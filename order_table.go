@@ -49,6 +49,22 @@ func (t table) orderTrigger() string { return t.name + "_order" }
 // calls may, and PostgreSQL then aborts one of the two (SQLSTATE 40P01).
 const keyLocksMax = 1024
 
+// slotOf, slotLockID and keyLockID are the SQL texts of a key's slot, of
+// the lock of slot s and of the lock of key k of the table tableExpr (all
+// three SQL expressions): the same texts for the trigger (keyTurn) and for
+// Store.Add's statement (keyTurnSQL), so that both take the same locks.
+func slotOf(k string) string {
+	return `(hashtextextended(` + k + `, 0) & ` + strconv.Itoa(keyLockSlots-1) + `)`
+}
+
+func slotLockID(tableExpr, s string) string {
+	return `hashtextextended(` + tableExpr + ` || ':slot:' || ` + s + `, 0)`
+}
+
+func keyLockID(tableExpr, k string) string {
+	return `hashtextextended(` + tableExpr + ` || ':key:' || ` + k + `, 0)`
+}
+
 // keyTurnSetting is the prefix of the transaction-local settings that
 // record which locks of the table a transaction holds.
 func (t table) keyTurnSetting() string {
@@ -65,9 +81,9 @@ const keyTurnMark = "acemq_outbox."
 // keyTurn is the PL/pgSQL block that takes the turn of key (an expression)
 // in the table whose name is the literal tableLit.
 func (t table) keyTurn(tableLit, key string) string {
-	return strings.NewReplacer("{t}", tableLit, "{g}", t.keyTurnSetting(), "{k}", key,
-		"{slots}", strconv.Itoa(keyLockSlots-1), "{max}", strconv.Itoa(keyLocksMax), "{max2}", strconv.Itoa(2*keyLocksMax)).Replace(`DECLARE
-        s bigint := hashtextextended({k}, 0) & {slots};
+	return strings.NewReplacer("{g}", t.keyTurnSetting(), "{slot}", slotOf(key), "{keyid}", keyLockID(tableLit, key),
+		"{slotid}", slotLockID(tableLit, "s"), "{max}", strconv.Itoa(keyLocksMax), "{max2}", strconv.Itoa(2*keyLocksMax)).Replace(`DECLARE
+        s bigint := {slot};
         cs text := coalesce(nullif(current_setting('{g}c', true), ''), ',');
         h bigint;
         n int;
@@ -75,21 +91,21 @@ func (t table) keyTurn(tableLit, key string) string {
         fs text;
     BEGIN
         IF strpos(cs, ',' || s || ',') = 0 THEN -- else the slot is this transaction's
-            h := hashtextextended({t} || ':key:' || {k}, 0);
+            h := {keyid};
             ks := coalesce(nullif(current_setting('{g}k', true), ''), ',');
             IF strpos(ks, ',' || h || ',') = 0 THEN -- else the key is
                 n := coalesce(nullif(current_setting('{g}n', true), ''), '0')::int;
                 fs := coalesce(nullif(current_setting('{g}f', true), ''), ',');
                 IF n < {max2} AND (n < {max} OR strpos(fs, ',' || s || ',') > 0) THEN
                     IF strpos(fs, ',' || s || ',') = 0 THEN
-                        PERFORM pg_advisory_xact_lock_shared(hashtextextended({t} || ':slot:' || s, 0));
+                        PERFORM pg_advisory_xact_lock_shared({slotid});
                         PERFORM set_config('{g}f', fs || s || ',', true);
                     END IF;
                     PERFORM pg_advisory_xact_lock(h);
                     PERFORM set_config('{g}k', ks || h || ',', true);
                     PERFORM set_config('{g}n', (n + 1)::text, true);
                 ELSE
-                    PERFORM pg_advisory_xact_lock(hashtextextended({t} || ':slot:' || s, 0));
+                    PERFORM pg_advisory_xact_lock({slotid});
                     PERFORM set_config('{g}c', cs || s || ',', true);
                 END IF;
             END IF;
@@ -99,7 +115,7 @@ func (t table) keyTurn(tableLit, key string) string {
 
 // orderTriggerSQL makes the table ordered (idempotent).
 func (t table) orderTriggerSQL() string {
-	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	lit := sqlLit
 	fn := t.qualified(t.orderTrigger())
 	r := strings.NewReplacer("{table}", t.quoted, "{fn}", fn, "{trigger}", `"`+t.orderTrigger()+`"`,
 		"{turn}", t.keyTurn(lit(t.full), "NEW.event_key"), "{seq}", lit(t.qualified(t.name+"_seq")))

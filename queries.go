@@ -404,7 +404,7 @@ func keyTurnSQL(cond string) string {
 	if cond == "" {
 		cond = "true"
 	}
-	return strings.NewReplacer("{slots}", strconv.Itoa(keyLockSlots-1), "{max}", strconv.Itoa(keyLocksMax),
+	return strings.NewReplacer("{slot}", slotOf("k"), "{keyid}", keyLockID("$1", "k"), "{slotid}", slotLockID("$1", "s"), "{max}", strconv.Itoa(keyLocksMax),
 		"{max2}", strconv.Itoa(2*keyLocksMax), "{mark}", keyTurnMark, "{cond}", cond).Replace(`WITH st AS (
 	SELECT coalesce(nullif(current_setting($3 || 'n', true), ''), '0')::int AS n0,
 		coalesce(nullif(current_setting($3 || 'k', true), ''), ',') AS ks,
@@ -413,7 +413,7 @@ func keyTurnSQL(cond string) string {
 		EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE oid = to_regproc($4) AND strpos(prosrc, '{mark}') > 0) AS bykey
 	WHERE {cond}
 ), keys AS (
-	SELECT DISTINCT hashtextextended(k, 0) & {slots} AS s, hashtextextended($1 || ':key:' || k, 0) AS h
+	SELECT DISTINCT {slot} AS s, {keyid} AS h
 	FROM unnest($2::text[]) AS k
 ), todo AS ( -- the keys not taken yet, with the count of those up to the end of their slot
 	SELECT keys.s, keys.h, strpos(st.fs, ',' || keys.s || ',') > 0 AS shared, count(*) OVER (ORDER BY keys.s) AS upto
@@ -423,9 +423,9 @@ func keyTurnSQL(cond string) string {
 	SELECT todo.*, st.bykey AND st.n0 + todo.upto <= CASE WHEN todo.shared THEN {max2} ELSE {max} END AS bykey
 	FROM todo, st
 ), locks AS (
-	SELECT s, 0 AS kind, hashtextextended($1 || ':slot:' || s, 0) AS id FROM d WHERE bykey AND NOT shared GROUP BY s
+	SELECT s, 0 AS kind, {slotid} AS id FROM d WHERE bykey AND NOT shared GROUP BY s
 	UNION ALL SELECT s, 1, h FROM d WHERE bykey
-	UNION ALL SELECT s, 2, hashtextextended($1 || ':slot:' || s, 0) FROM d WHERE NOT bykey GROUP BY s
+	UNION ALL SELECT s, 2, {slotid} FROM d WHERE NOT bykey GROUP BY s
 )
 SELECT (SELECT count(CASE WHEN kind = 0 THEN pg_advisory_xact_lock_shared(id) ELSE pg_advisory_xact_lock(id) END)
 		FROM (SELECT kind, id FROM locks ORDER BY s, kind, id) AS ordered),
