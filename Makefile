@@ -22,6 +22,10 @@ test/chaos: ## the ordered chaos test at full size (20,000 messages, four relays
 	$(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
 
+.PHONY: test/soak
+test/soak: ## duplicates per fault kind, alone and together, with outbox verify (stops RabbitMQ's application: a broker of its own; ~15 min a layout)
+	OUTBOX_SOAK_TEST=1 $(GO) test -count=1 -timeout 60m -run TestDuplicatesSoak -v ./cmd/outbox
+
 .PHONY: test/log
 test/log: ## the relay's whole suite on tables of the log layout (OUTBOX_TEST_LAYOUT=log)
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m ./relay

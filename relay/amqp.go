@@ -344,3 +344,14 @@ func (p *AMQPPublisher) lane() *amqpLane {
 	p.lanes = append(p.lanes, l)
 	return l
 }
+
+// unconfirmedMax is the most messages a lane has published and not yet seen
+// confirmed: past it, it waits for the oldest confirm before it publishes
+// the next message. What the broker routed and had not confirmed when a
+// connection drops is published again (it cannot be told apart from what
+// it never received): this bounds that, for each lane, whatever the size
+// of a batch. Without it a relay catching up on a backlog, full batches on
+// every lane, had hundreds of messages unconfirmed at once, and a broker
+// fault then cost as many duplicates. 64 cost no throughput that the
+// broker's own spread between runs could show (see BENCHMARKS.md).
+const unconfirmedMax = 64

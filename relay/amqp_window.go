@@ -93,146 +93,189 @@ func (p *amqpLane) publishIsolating(ctx context.Context, msgs []outbox.Message, 
 }
 
 // publishWindow publishes at most confirmWindow messages and awaits their
-// confirms. The bound matters: the broker's returns (unroutable messages)
-// wait in a buffer larger than the window, so the library never has to
-// drop one, which would let an unroutable message pass as published.
+// confirms, with at most unconfirmedMax of them published and not yet
+// confirmed at any moment (see unconfirmedMax). The bound matters: the
+// broker's returns (unroutable messages) wait in a buffer larger than the
+// window, so the library never has to drop one, which would let an
+// unroutable message pass as published.
 func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message, report func([]int)) []error {
-	errs := make([]error, len(msgs))
-	fail := func(class, reason string, err error) []error {
-		for i, m := range msgs {
-			errs[i] = brokerFault(m.ID, class, reason, err)
-		}
-		return errs
-	}
+	w := &window{lane: p, ctx: ctx, msgs: msgs, errs: make([]error, len(msgs)), returned: make(map[string]amqp.Return),
+		groups: confirmGroups{report: report}}
 	if p.closed.Load() {
-		return fail(ClassClosed, "the publisher was closed", ErrPublisherClosed)
+		return w.fail(ClassClosed, "the publisher was closed", ErrPublisherClosed)
 	}
 	if err := p.ensureChannel(ctx); err != nil {
-		return fail(ClassConnection, "cannot connect to the broker", err)
+		return w.fail(ClassConnection, "cannot connect to the broker", err)
 	}
 	if p.blocked.Load() {
-		return fail(ClassBlocked, "the broker has blocked the connection (a memory or disk alarm)", nil)
+		return w.fail(ClassBlocked, "the broker has blocked the connection (a memory or disk alarm)", nil)
 	}
-
 	// A publish that blocks on a socket the broker stopped reading cannot be
 	// interrupted otherwise: when ctx ends, the connection goes.
 	conn := p.conn
 	stop := context.AfterFunc(ctx, func() { _ = conn.CloseDeadline(time.Now().Add(closeGrace)) })
 	defer stop()
-
-	type inflight struct {
-		i  int
-		dc *amqp.DeferredConfirmation
+	w.returns = p.returns
+	w.send()
+	// Await the confirms still out. Returns for a message precede its
+	// confirm, and are read while waiting so that the library never has to
+	// drop one.
+	for w.head < len(w.pending) && w.await() {
 	}
-	var (
-		pending  = make([]inflight, 0, len(msgs))
-		returned = make(map[string]amqp.Return)
-		returns  = p.returns
-		pubErr   error
-		maxSize  = p.maxMessageSize.Load()
-		sizeFrom = "AMQPConfig.MaxMessageSize"
-	)
+	w.groups.end()
+	w.drain()
+	return w.settle()
+}
+
+// window is one publishWindow in progress.
+type window struct {
+	lane     *amqpLane
+	ctx      context.Context
+	msgs     []outbox.Message
+	errs     []error
+	pending  []inflight // published, in order; those before head are confirmed or given up on
+	head     int
+	returned map[string]amqp.Return
+	returns  chan amqp.Return // nil once the channel closed
+	pubErr   error            // the publish or the flush that failed
+	timedOut bool
+	groups   confirmGroups
+}
+
+type inflight struct {
+	i  int
+	dc *amqp.DeferredConfirmation
+}
+
+// fail gives every message of the window the same broker fault.
+func (w *window) fail(class, reason string, err error) []error {
+	for i, m := range w.msgs {
+		w.errs[i] = brokerFault(m.ID, class, reason, err)
+	}
+	return w.errs
+}
+
+func (w *window) take(r amqp.Return, ok bool) {
+	if !ok { // the channel closed: stop selecting on it
+		w.returns = nil
+		return
+	}
+	w.returned[r.MessageId] = r
+}
+
+// drain takes the returns that are there, without waiting.
+func (w *window) drain() {
+	for w.returns != nil {
+		select {
+		case r, ok := <-w.returns:
+			w.take(r, ok)
+		default:
+			return
+		}
+	}
+}
+
+// send publishes the window's messages, gathered into few writes (see
+// amqpdial.Gather), waiting for the oldest confirm whenever unconfirmedMax
+// are out.
+func (w *window) send() {
+	p := w.lane
+	maxSize, sizeFrom := p.maxMessageSize.Load(), "AMQPConfig.MaxMessageSize"
 	if maxSize < p.configuredSize {
 		sizeFrom = "its max_message_size, learned from a refusal"
 	}
-	take := func(r amqp.Return, ok bool) {
-		if !ok { // the channel closed: stop selecting on it
-			returns = nil
-			return
-		}
-		returned[r.MessageId] = r
-	}
-	drain := func() {
-		for returns != nil {
-			select {
-			case r, ok := <-returns:
-				take(r, ok)
-			default:
-				return
-			}
-		}
-	}
-	// The window's publishes go out together when it is sent (Gather).
 	p.gather.Hold()
-	for i := range msgs {
-		m := &msgs[i]
+	for i := range w.msgs {
+		m := &w.msgs[i]
 		if int64(len(m.Payload)) > maxSize {
-			errs[i] = messageFault(m.ID, ClassOversized, fmt.Sprintf("message body is %d bytes, larger than the %d bytes the broker accepts (%s); store large payloads elsewhere and send a reference", len(m.Payload), maxSize, sizeFrom))
+			w.errs[i] = messageFault(m.ID, ClassOversized, fmt.Sprintf("message body is %d bytes, larger than the %d bytes the broker accepts (%s); store large payloads elsewhere and send a reference", len(m.Payload), maxSize, sizeFrom))
 			continue
 		}
 		if reason := unencodable(m); reason != "" {
-			errs[i] = messageFault(m.ID, ClassUnencodable, reason)
+			w.errs[i] = messageFault(m.ID, ClassUnencodable, reason)
 			continue
 		}
-		if pubErr != nil {
-			errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", pubErr)
+		if w.pubErr != nil || w.timedOut {
+			w.errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", w.pubErr)
 			continue
 		}
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey,
+		if len(w.pending)-w.head >= unconfirmedMax {
+			// Out with what is gathered, and wait for the oldest.
+			if err := p.gather.Flush(); err != nil {
+				w.pubErr = err
+			}
+			ok := w.pubErr == nil && w.await()
+			p.gather.Hold()
+			if !ok {
+				w.errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", w.pubErr)
+				continue
+			}
+		}
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(w.ctx, m.Exchange, m.RoutingKey,
 			true,  // mandatory: an unroutable message comes back instead of vanishing
 			false, // immediate: not supported by RabbitMQ
 			Publishing(m))
 		if err != nil {
-			pubErr = err
+			w.pubErr = err
 			if encodingError(err) {
 				// The library refused this message, not the network.
 				// Blaming it keeps a message nothing can send from
 				// blocking the outbox; the connection is dropped below,
 				// as its state is uncertain after a partial publish.
-				errs[i] = messageFault(m.ID, ClassUnencodable, "the AMQP client could not encode the message: "+err.Error())
+				w.errs[i] = messageFault(m.ID, ClassUnencodable, "the AMQP client could not encode the message: "+err.Error())
 			} else {
-				errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", err)
+				w.errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", err)
 			}
 			continue
 		}
-		pending = append(pending, inflight{i, dc})
-		drain()
+		w.pending = append(w.pending, inflight{i, dc})
+		w.drain()
 	}
-	if err := p.gather.Flush(); err != nil && pubErr == nil {
+	if err := p.gather.Flush(); err != nil && w.pubErr == nil {
 		// The socket is closed: what was not confirmed is a broker fault.
-		pubErr = err
+		w.pubErr = err
 	}
+}
 
-	// Await every confirm. Returns for a message precede its confirm, and are
-	// read here while waiting so that the library never has to drop one.
-	// amqp091-go hands a return to the buffered returns channel before it
-	// records the ack that follows it (one reader goroutine), so once a
-	// message is acked, draining the channel tells whether it was returned:
-	// an acked message that was not is reported at once.
-	timedOut := false
-	groups := confirmGroups{report: report}
-	for _, pd := range pending {
-		select {
-		case <-pd.dc.Done(): // already here: gathered with the others
-		default:
-			groups.waiting()
-		}
-	wait:
-		for {
+// await waits for the confirm of pending[head] and moves head past it; it
+// returns false when the publish ran out of time (ctx) first. amqp091-go
+// hands a return to the buffered returns channel before it records the ack
+// that follows it (one reader goroutine), so once a message is acked,
+// draining the channel tells whether it was returned: an acked message
+// that was not is reported at once.
+func (w *window) await() bool {
+	pd := w.pending[w.head]
+	select {
+	case <-pd.dc.Done(): // already here: gathered with the others
+	default:
+		w.groups.waiting()
+		for done := false; !done; {
 			select {
-			case r, ok := <-returns:
-				take(r, ok)
+			case r, ok := <-w.returns:
+				w.take(r, ok)
 			case <-pd.dc.Done():
-				break wait
-			case <-ctx.Done():
-				timedOut = true
-				break wait
-			}
-		}
-		if timedOut {
-			break
-		}
-		if report != nil && pd.dc.Acked() {
-			drain()
-			if _, back := returned[msgs[pd.i].ID]; !back {
-				groups.add(pd.i)
+				done = true
+			case <-w.ctx.Done():
+				w.timedOut = true
+				return false
 			}
 		}
 	}
-	groups.end()
-	drain()
+	w.head++
+	if w.groups.report != nil && pd.dc.Acked() {
+		w.drain()
+		if _, back := w.returned[w.msgs[pd.i].ID]; !back {
+			w.groups.add(pd.i)
+		}
+	}
+	return true
+}
 
-	lost := timedOut || pubErr != nil || p.ch.IsClosed()
+// settle decides each message's result once the confirms are in, or the
+// channel or the time is gone.
+func (w *window) settle() []error {
+	p, msgs, errs := w.lane, w.msgs, w.errs
+	lost := w.timedOut || w.pubErr != nil || p.ch.IsClosed()
 	var closeErr *amqp.Error
 	if lost && p.ch.IsClosed() {
 		// amqp091-go marks the channel closed before it hands out the
@@ -244,15 +287,15 @@ func (p *amqpLane) publishWindow(ctx context.Context, msgs []outbox.Message, rep
 	}
 	acked := make([]bool, len(msgs))
 	nacked := false
-	for _, pd := range pending {
+	for _, pd := range w.pending {
 		m := &msgs[pd.i]
 		select {
 		case <-pd.dc.Done():
 		default:
-			errs[pd.i] = brokerFault(m.ID, ClassTimeout, "no confirm from the broker in time", ctx.Err())
+			errs[pd.i] = brokerFault(m.ID, ClassTimeout, "no confirm from the broker in time", w.ctx.Err())
 			continue
 		}
-		switch r, ok := returned[m.ID]; {
+		switch r, ok := w.returned[m.ID]; {
 		case ok:
 			errs[pd.i] = messageFault(m.ID, ClassUnroutable, fmt.Sprintf("unroutable: no queue is bound to exchange %q for routing key %q (broker replied %d %s); bind a queue (outbox declare), choose AMQPConfig.Unroutable, or change the Router",
 				r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText))

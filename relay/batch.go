@@ -274,8 +274,12 @@ func (r *Relay) settleBatch(ctx context.Context, o outcome) (result, error) {
 	r.obs.Settled(ctx, time.Since(settleStart), settleErr)
 	// Published: what the broker confirmed, marked as the confirms came
 	// (markEarly) or here.
-	r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
-		slog.Int("num_published", len(confirmedMsgs)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)))
+	if r.logger.Enabled(ctx, slog.LevelDebug) {
+		r.logger.DebugContext(ctx, "relay: Batch done", slog.Int("num_claimed", len(msgs)),
+			slog.Int("num_published", len(confirmedMsgs)), slog.Int("num_failed", len(failed)), slog.Int("num_released", len(broker)+len(notSent)),
+			slog.String("first_id", msgs[0].ID), slog.Time("claimed", b.leaseEnd.Add(-r.cfg.Lease)),
+			slog.Duration("publish", confirmed.Sub(o.pubStart)), slog.Duration("settle", time.Since(settleStart)))
+	}
 	if fatal(settleErr) { // a closed *sql.DB: stop the relay
 		return res, settleErr
 	}

@@ -12,8 +12,11 @@
 // duplicates in rare cases (a relay that dies between the broker's confirm
 // and the mark, or, since the relay's bookkeeping commits without waiting
 // for the disk, a database server that crashes within a second of the
-// mark); consumers deduplicate on the AMQP message-id, which is the
-// outbox id.
+// mark, or a connection lost while the broker had routed messages and not
+// yet confirmed them); consumers deduplicate on the AMQP message-id, which
+// is the outbox id. A publisher lane keeps at most 64 messages published
+// and unconfirmed at once, whatever the batch, which bounds what one lost
+// connection can cost.
 //
 // # Faults
 //

@@ -146,6 +146,6 @@ func TestVerifyReportPrintsInFlightPerFault(t *testing.T) {
 		OK:       true})
 	t.Logf("\n%s", out.String())
 	require.Contains(t, out.String(), "faults            kill 2, cut-db 0, cut-broker 0, stall 1\n")
-	require.Regexp(t, `\n    kill\s+at 3\.1s  in flight 37\n    stall\s+at 6\.2s  in flight 0\n    kill\s+at 9\.4s  in flight unknown`, out.String())
+	require.Regexp(t, `\n    kill\s+at\s+3\.1s  in flight 37, duplicates 0\n    stall\s+at\s+6\.2s  in flight 0, duplicates 0\n    kill\s+at\s+9\.4s  in flight unknown`, out.String())
 	require.Contains(t, out.String(), "in flight: messages claimed by a relay and not yet settled")
 }

@@ -24,16 +24,21 @@ import (
 // with pg_terminate_backend (a superuser, or a member of
 // pg_signal_backend), close-broker has RabbitMQ close the relays'
 // connections (rabbitmqctl on this machine, or the command in
-// OUTBOX_RABBITMQCTL).
+// OUTBOX_RABBITMQCTL), broker-outage stops RabbitMQ's application for
+// --outage and starts it again (rabbitmqctl stop_app, start_app: every
+// client of that broker loses its connections, not only the relays).
 var (
 	verifyFaults      = []string{"kill", "cut-db", "cut-broker", "stall"}
-	verifyAdminFaults = []string{"terminate-db", "close-broker"}
+	verifyAdminFaults = []string{"terminate-db", "close-broker", "broker-outage"}
 )
 
 type verifyOptions struct {
 	duration, faultEvery, lease, drainTimeout time.Duration
+	publishTimeout, outage                    time.Duration
 	rate                                      float64
-	relays, keys, rollbackPct                 int
+	relays, keys, rollbackPct, writers        int
+	batchSize                                 int
+	relayLogs, dupsCSV                        string
 	faults                                    []string
 	ordered, inbox, jsonOut, keep, longTx     bool
 	layout                                    string
@@ -54,6 +59,7 @@ type verifyReport struct {
 	Lost            int            `json:"lost"`
 	Phantom         int            `json:"phantom"`
 	Duplicates      int            `json:"duplicates"`
+	DuplicatesBy    *dupReport     `json:"duplicates_by,omitempty"` // each duplicate put down to a fault, and when it came
 	OrderViolations int            `json:"order_violations"`
 	Inbox           *inboxReport   `json:"inbox,omitempty"`
 	Faults          map[string]int `json:"faults"`
@@ -81,13 +87,19 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
 	var o verifyOptions
 	c.fs.DurationVar(&o.duration, "duration", 30*time.Second, "how long to write events while faults are injected")
-	c.fs.Float64Var(&o.rate, "rate", 200, "events written per second, one per transaction")
+	c.fs.Float64Var(&o.rate, "rate", 200, "events written per second, one per transaction, over all the writers")
+	c.fs.IntVar(&o.writers, "writers", 1, "writers, each committing its share of --rate on a connection of its own")
 	c.fs.IntVar(&o.rollbackPct, "rollback-percent", 10, "percentage of the transactions rolled back on purpose: their events must never arrive")
 	c.fs.IntVar(&o.relays, "relays", 2, "relays, each a process of this binary (outbox relay), restarted when killed")
 	c.fs.IntVar(&o.keys, "keys", 50, "keys the events are spread over (per-key order is checked with --ordered)")
-	faults := c.fs.String("faults", strings.Join(verifyFaults, ","), "faults to inject in turn, comma-separated: kill (SIGKILL a relay), cut-db and cut-broker (cut a relay's connections through a TCP proxy verify inserts), stall (SIGSTOP a relay past its lease); with administrator rights, not by default: terminate-db (pg_terminate_backend of every relay session), close-broker (RabbitMQ closes every relay connection, through rabbitmqctl); \"none\" for none")
+	faults := c.fs.String("faults", strings.Join(verifyFaults, ","), "faults to inject in turn, comma-separated: kill (SIGKILL a relay, restarted at once), cut-db and cut-broker (cut a relay's connections through a TCP proxy verify inserts), stall (SIGSTOP a relay past its lease); with administrator rights, not by default: terminate-db (pg_terminate_backend of every relay session), close-broker (RabbitMQ closes every relay connection, through rabbitmqctl), broker-outage (rabbitmqctl stop_app for --outage, then start_app: every client of the broker is cut off); \"none\" for none")
 	c.fs.DurationVar(&o.faultEvery, "fault-every", 3*time.Second, "time between faults")
 	c.fs.DurationVar(&o.lease, "lease", 3*time.Second, "the relays' --lease; a stalled relay stays stopped a second longer")
+	c.fs.IntVar(&o.batchSize, "batch-size", 0, "the relays' --batch-size (0: the relay's default)")
+	c.fs.DurationVar(&o.publishTimeout, "publish-timeout", 0, "the relays' --publish-timeout (0: the relay's default)")
+	c.fs.DurationVar(&o.outage, "outage", 3*time.Second, "how long a broker-outage fault keeps RabbitMQ's application stopped")
+	c.fs.StringVar(&o.dupsCSV, "duplicates-csv", "", "a file to write every duplicate delivery to (message id, first delivery, this one, redelivered by the broker, the fault it is put down to)")
+	c.fs.StringVar(&o.relayLogs, "relay-logs", "", "a directory to write each relay's log to (relay-N.log, every batch: outbox relay --debug), to see what each did")
 	c.fs.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after writing, how long to wait for every committed event to arrive")
 	c.fs.BoolVar(&o.ordered, "ordered", false, "ordered mode (outbox.OrderedByKey): also check that every key's first deliveries keep the order of writing")
 	c.fs.BoolVar(&o.longTx, "long-transaction", false, "also hold one writing transaction open for the whole --duration, committed last: its event must arrive (a cursor over ids or time would skip it)")
@@ -101,8 +113,14 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	if err := c.checkRate(o.rate, false); err != nil {
 		return err
 	}
-	if o.duration <= 0 || o.relays < 1 || o.keys < 1 || o.rollbackPct < 0 || o.rollbackPct > 90 || o.faultEvery <= 0 {
-		return c.usageError("--duration, --relays, --keys and --fault-every must be positive, --rollback-percent between 0 and 90")
+	if o.duration <= 0 || o.relays < 1 || o.keys < 1 || o.writers < 1 || o.rollbackPct < 0 || o.rollbackPct > 90 || o.faultEvery <= 0 {
+		return c.usageError("--duration, --relays, --writers, --keys and --fault-every must be positive, --rollback-percent between 0 and 90")
+	}
+	if o.batchSize < 0 || o.publishTimeout < 0 || o.outage <= 0 {
+		return c.usageError("--batch-size and --publish-timeout must not be negative (0: the relay's default), --outage must be positive")
+	}
+	if o.publishTimeout >= o.lease {
+		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s)", o.publishTimeout, o.lease)
 	}
 	if o.layout != "rows" && o.layout != "log" {
 		return c.usageError("--layout must be rows or log (got %q)", o.layout)
@@ -115,7 +133,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 			if !slices.Contains(verifyFaults, f) && !slices.Contains(verifyAdminFaults, f) {
 				return c.usageError("unknown fault %q: %s or none", f, strings.Join(append(slices.Clone(verifyFaults), verifyAdminFaults...), ", "))
 			}
-			if f == "close-broker" {
+			if f == "close-broker" || f == "broker-outage" {
 				if _, err := rabbitmqctl(); err != nil {
 					return c.usageError("--faults close-broker: %v", err)
 				}
@@ -146,6 +164,11 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	} else {
 		v.print(rep)
 	}
+	if o.dupsCSV != "" {
+		if err := v.writeDupsCSV(o.dupsCSV, rep.FaultLog); err != nil {
+			return err
+		}
+	}
 	if !rep.OK {
 		return errors.New("the deployment did not keep the promise: see the report")
 	}
@@ -170,6 +193,7 @@ type verifier struct {
 	rolledBack int
 	written    int
 	arrived    map[string]time.Time // id: first delivery
+	dups       []duplicate          // every delivery after a message's first
 	deliveries int
 	firstByKey map[string][]string // key: ids in the order of their first deliveries
 	faults     map[string]int
@@ -235,7 +259,19 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	}
 	v.store = store
 	if !v.o.keep {
-		defer deleteRunAMQP(conn, sfx)
+		defer func() {
+			// A broker-outage fault closed conn: clean up on a new one.
+			c := conn
+			if c.IsClosed() {
+				var err error
+				if c, err = v.c.dialFirst(context.WithoutCancel(ctx), v.dialer, v.amqpURL); err != nil {
+					fmt.Fprintf(v.c.stderr, "verify: removing the exchange and queues %s: %v\n", v.queue, err)
+					return
+				}
+				defer c.Close()
+			}
+			deleteRunAMQP(c, sfx)
+		}()
 	}
 	if err := v.declare(ctx, conn); err != nil {
 		return nil, err
@@ -250,7 +286,7 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	defer v.dbProxy.Close()   //nolint:errcheck
 	defer v.amqpProxy.Close() //nolint:errcheck
 
-	stopConsume, err := v.consume(ctx, conn)
+	stopConsume, err := v.consume(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -273,36 +309,45 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	go func() { done <- v.write(ctx, store, end) }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	faultTick := time.NewTicker(50 * time.Millisecond)
+	defer faultTick.Stop()
 	nextFault := time.Now().Add(v.o.faultEvery)
 	faultN := 0
-	var writeErr error
+	var (
+		writeErr error
+		injected sync.WaitGroup
+		began    = map[string]bool{}
+	)
 writing:
 	for {
 		select {
 		case writeErr = <-done:
 			break writing
-		case now := <-tick.C:
+		case now := <-faultTick.C:
 			if len(v.o.faults) > 0 && now.After(nextFault) {
-				v.inject(ctx, relays, v.o.faults[faultN%len(v.o.faults)])
+				f := v.o.faults[faultN%len(v.o.faults)]
+				began[f] = true
+				injected.Go(func() { v.inject(ctx, relays, f) })
 				faultN++
-				nextFault = now.Add(v.o.faultEvery)
+				nextFault = nextFault.Add(v.o.faultEvery)
 			}
+		case <-tick.C:
 			v.progress(start)
 		}
 	}
 	if writeErr != nil {
+		injected.Wait()
 		relays.stop()
 		return nil, writeErr
 	}
 	// Every fault asked for happens at least once, however short the run.
 	for _, f := range v.o.faults {
-		v.mu.Lock()
-		n := v.faults[f]
-		v.mu.Unlock()
-		if n == 0 {
-			v.inject(ctx, relays, f)
+		if !began[f] {
+			began[f] = true
+			injected.Go(func() { v.inject(ctx, relays, f) })
 		}
 	}
+	injected.Wait()
 	// Drain: every committed event must arrive (a stalled or killed relay's
 	// batch comes back after its lease). What committed is what the table
 	// holds, now that the writers are done: a commit whose answer the

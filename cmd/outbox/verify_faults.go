@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,11 @@ type faultEvent struct {
 	// connections (close-broker) the fault ended; nil for other faults,
 	// and when it failed (said on stderr).
 	Ended *int64 `json:"ended,omitempty"`
+	// Duplicates is how many duplicates were put down to it (see
+	// dupReport).
+	Duplicates int `json:"duplicates"`
+
+	when, ended time.Time // when it began and when it was over, to put duplicates down to it
 }
 
 // inFlight counts the messages claimed and not yet settled, nil when the
@@ -41,7 +47,9 @@ func (v *verifier) inFlight(ctx context.Context) *int64 {
 }
 
 // inject applies one fault to a relay chosen at random, and records it
-// with the messages in flight at that moment.
+// with the messages in flight at that moment. Faults run in goroutines of
+// their own, on schedule, so that one that takes long (rabbitmqctl, an
+// outage) does not put off the next: they may overlap.
 func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string) {
 	ev := faultEvent{Fault: fault}
 	if fault == "kill" {
@@ -55,8 +63,14 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 	} else {
 		ev.InFlight = v.inFlight(ctx)
 	}
-	ev.At = math.Round(time.Since(v.started).Seconds()*10) / 10
+	// A signal or a cut takes effect at once; a command (rabbitmqctl
+	// starts an Erlang node, a second or more, then closes the
+	// connections; stop_app takes seconds more) somewhere between when it
+	// began and when it returned: see dupsBy.
+	ev.when = time.Now()
 	defer func() {
+		ev.ended = time.Now()
+		ev.At = math.Round(ev.when.Sub(v.started).Seconds()*10) / 10
 		v.mu.Lock()
 		v.faults[fault]++
 		v.faultLog = append(v.faultLog, ev)
@@ -78,12 +92,14 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 			ev.Ended = &n
 		}
 	case "close-broker":
-		// rabbitmqctl starts an Erlang node: this takes a second or
-		// more, by which the next fault comes later.
 		if n, err := closeNamedConnections(ctx, v.relayName()); err != nil {
 			fmt.Fprintf(v.c.stderr, "verify: close-broker: %v\n", err)
 		} else {
 			ev.Ended = &n
+		}
+	case "broker-outage":
+		if err := brokerOutage(ctx, v.o.outage); err != nil {
+			fmt.Fprintf(v.c.stderr, "verify: broker-outage: %v\n", err)
 		}
 	case "stall":
 		if p := relays.signal(syscall.SIGSTOP); p != nil {
@@ -99,6 +115,9 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 		}
 	}
 }
+
+// restartAfter is how soon a relay that died is started again.
+const restartAfter = 200 * time.Millisecond
 
 // relayGroup runs relays as child processes and restarts those that die
 // until stop.
@@ -119,15 +138,40 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 	if v.o.ordered {
 		args = append(args, "--ordered")
 	}
+	if v.o.batchSize > 0 {
+		args = append(args, "--batch-size", strconv.Itoa(v.o.batchSize))
+	}
+	if v.o.publishTimeout > 0 {
+		args = append(args, "--publish-timeout", v.o.publishTimeout.String())
+	}
+	if v.o.relayLogs != "" {
+		if err := os.MkdirAll(v.o.relayLogs, 0o755); err != nil {
+			return nil, err
+		}
+		args = append(args, "--debug")
+	}
 	g := &relayGroup{procs: make([]*os.Process, v.o.relays)}
 	for i := range v.o.relays {
 		g.wg.Add(1)
+		var logFile *os.File // one per relay, across its restarts
+		if v.o.relayLogs != "" {
+			if logFile, err = os.OpenFile(filepath.Join(v.o.relayLogs, fmt.Sprintf("relay-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+				return nil, err
+			}
+		}
 		go func() {
 			defer g.wg.Done()
+			if logFile != nil {
+				defer logFile.Close()
+			}
 			for {
 				cmd := exec.Command(exe, args...)
 				cmd.SysProcAttr = childAttr()
 				cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "AMQP_URL="+amqpURL)
+				if logFile != nil {
+					fmt.Fprintf(logFile, "time=%s verify: starting relay %d\n", time.Now().Format(time.RFC3339Nano), i)
+					cmd.Stderr = logFile
+				}
 				g.mu.Lock()
 				if g.stopped {
 					g.mu.Unlock()
@@ -146,7 +190,7 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 				select {
 				case <-ctx.Done():
 					return
-				case <-time.After(200 * time.Millisecond): // a killed relay comes back, as a supervisor would bring it
+				case <-time.After(restartAfter): // a killed relay comes back, as a supervisor would bring it
 				}
 			}
 		}()
@@ -203,6 +247,33 @@ func rabbitmqctl(args ...string) (*exec.Cmd, error) {
 		return nil, errors.New("no rabbitmqctl on the PATH (set OUTBOX_RABBITMQCTL to the command that runs it)")
 	}
 	return exec.Command(path, args...), nil
+}
+
+// brokerOutage stops RabbitMQ's application (its node stays up, every
+// connection is closed and no new one is accepted), waits d and starts it
+// again; it starts it again even when ctx ends meanwhile.
+func brokerOutage(ctx context.Context, d time.Duration) error {
+	run := func(args ...string) error {
+		cmd, err := rabbitmqctl(args...)
+		if err != nil {
+			return err
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	if err := run("stop_app"); err != nil {
+		_ = run("start_app")
+		return err
+	}
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	return run("start_app")
 }
 
 // closeNamedConnections has the broker close every connection named name,

@@ -50,7 +50,7 @@ func (v *verifier) progress(start time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var faults []string
-	for _, f := range verifyFaults {
+	for _, f := range append(slices.Clone(verifyFaults), verifyAdminFaults...) {
 		if n := v.faults[f]; n > 0 {
 			faults = append(faults, fmt.Sprintf("%s %d", f, n))
 		}
@@ -100,7 +100,7 @@ func (v *verifier) report(took time.Duration, final *committedRows, effects map[
 	inTable, byKey := final.ids, final.byKey
 	rep := &verifyReport{Table: v.table, Exchange: v.exchange, Queue: v.queue, Seconds: math.Round(took.Seconds()*10) / 10, Ordered: v.o.ordered, Layout: v.o.layout,
 		Written: v.written, RolledBack: v.rolledBack, Committed: len(inTable), Deliveries: v.deliveries, Faults: v.faults,
-		FaultLog: append([]faultEvent{}, v.faultLog...)}
+		FaultLog: slices.SortedFunc(slices.Values(v.faultLog), func(a, b faultEvent) int { return a.when.Compare(b.when) })}
 	var lat []time.Duration
 	for id := range inTable {
 		a, ok := v.arrived[id]
@@ -118,6 +118,9 @@ func (v *verifier) report(took time.Duration, final *committedRows, effects map[
 		}
 	}
 	rep.Duplicates = v.deliveries - len(v.arrived)
+	if len(v.dups) > 0 {
+		rep.DuplicatesBy = dupsBy(v.dups, rep.FaultLog, v.faults, v.o.lease)
+	}
 	if v.o.ordered {
 		for key, ids := range byKey {
 			pos := make(map[string]int, len(ids))
@@ -172,6 +175,7 @@ func (v *verifier) print(r *verifyReport) {
 	}
 	fmt.Fprintf(w, "verify: %.0fs, %s, %s layout; written %d, rolled back %d, committed %d; %d deliveries\n", r.Seconds, mode, r.Layout, r.Written, r.RolledBack, r.Committed, r.Deliveries)
 	fmt.Fprintf(w, "  lost              %d\n  phantom           %d\n  duplicates        %d\n", r.Lost, r.Phantom, r.Duplicates)
+	r.DuplicatesBy.print(w)
 	if r.Ordered {
 		fmt.Fprintf(w, "  order violations  %d\n", r.OrderViolations)
 	}
@@ -179,8 +183,10 @@ func (v *verifier) print(r *verifyReport) {
 		fmt.Fprintf(w, "  inbox: %d effects; missing %d, phantom %d, applied more than once %d\n", r.Inbox.Effects, r.Inbox.Missing, r.Inbox.Phantom, r.Inbox.AppliedMore)
 	}
 	var faults []string
-	for _, f := range verifyFaults {
-		faults = append(faults, fmt.Sprintf("%s %d", f, r.Faults[f]))
+	for _, f := range append(slices.Clone(verifyFaults), verifyAdminFaults...) {
+		if n, ok := r.Faults[f]; ok || slices.Contains(verifyFaults, f) {
+			faults = append(faults, fmt.Sprintf("%s %d", f, n))
+		}
 	}
 	fmt.Fprintf(w, "  faults            %s\n", strings.Join(faults, ", "))
 	for _, e := range r.FaultLog {
@@ -188,7 +194,7 @@ func (v *verifier) print(r *verifyReport) {
 		if e.InFlight != nil {
 			n = fmt.Sprint(*e.InFlight)
 		}
-		fmt.Fprintf(w, "    %-10s at %.1fs  in flight %s\n", e.Fault, e.At, n)
+		fmt.Fprintf(w, "    %-13s at %5.1fs  in flight %s, duplicates %d\n", e.Fault, e.At, n, e.Duplicates)
 	}
 	if len(r.FaultLog) > 0 {
 		fmt.Fprintf(w, "    (in flight: messages claimed by a relay and not yet settled, over all relays, read just before the fault: the messages it could have duplicated)\n")

@@ -13,10 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/inbox"
@@ -77,38 +79,93 @@ func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
 	return dbURL, uri.String(), nil
 }
 
-// consume records every delivery of the queue: its first arrival, and per
-// key the order of first deliveries.
-func (v *verifier) consume(ctx context.Context, conn *amqp.Connection) (func(), error) {
-	ch, err := conn.Channel()
+// consume records every delivery of the queue: its first arrival, per key
+// the order of first deliveries, and every later one (a duplicate) with
+// when it came. It reconnects when the broker goes away (a broker-outage
+// fault), until the returned function stops it.
+func (v *verifier) consume(ctx context.Context) (func(), error) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ch, err := v.consumeOnce(cctx)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	if err := ch.Qos(500, 0, false); err != nil {
-		return nil, err
-	}
-	deliveries, err := ch.Consume(v.queue, "", false, false, false, false, nil)
-	if err != nil {
-		return nil, err
-	}
+	var current atomic.Pointer[amqp.Connection]
+	current.Store(ch.conn)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for d := range deliveries {
-			now := time.Now()
-			key, _ := d.Headers[outbox.KeyHeader].(string)
-			v.mu.Lock()
-			v.deliveries++
-			if _, seen := v.arrived[d.MessageId]; !seen {
-				v.arrived[d.MessageId] = now
-				v.firstByKey[key] = append(v.firstByKey[key], d.MessageId)
+		for {
+			v.record(ch.deliveries)
+			_ = ch.conn.Close()
+			if cctx.Err() != nil {
+				return
 			}
-			v.mu.Unlock()
-			_ = d.Ack(false)
+			// The broker went away: come back as soon as it answers.
+			for delay := 100 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+				if ch, err = v.consumeOnce(cctx); err == nil {
+					current.Store(ch.conn)
+					break
+				}
+				select {
+				case <-cctx.Done():
+					return
+				case <-time.After(delay):
+				}
+			}
 		}
 	}()
 	var once sync.Once
-	return func() { once.Do(func() { _ = ch.Close(); <-done }) }, nil
+	return func() {
+		once.Do(func() {
+			cancel()
+			_ = current.Load().Close()
+			<-done
+		})
+	}, nil
+}
+
+type consumerConn struct {
+	conn       *amqp.Connection
+	deliveries <-chan amqp.Delivery
+}
+
+func (v *verifier) consumeOnce(ctx context.Context) (consumerConn, error) {
+	conn, err := v.c.dialFirst(ctx, v.dialer.Named("outbox-verify-consumer"), v.amqpURL)
+	if err != nil {
+		return consumerConn{}, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Qos(500, 0, false)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(v.queue, "", false, false, false, false, nil)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return consumerConn{}, err
+	}
+	return consumerConn{conn, deliveries}, nil
+}
+
+// record takes deliveries until their channel closes.
+func (v *verifier) record(deliveries <-chan amqp.Delivery) {
+	for d := range deliveries {
+		now := time.Now()
+		key, _ := d.Headers[outbox.KeyHeader].(string)
+		v.mu.Lock()
+		v.deliveries++
+		if first, seen := v.arrived[d.MessageId]; !seen {
+			v.arrived[d.MessageId] = now
+			v.firstByKey[key] = append(v.firstByKey[key], d.MessageId)
+		} else {
+			v.dups = append(v.dups, duplicate{id: d.MessageId, first: first, at: now, redelivered: d.Redelivered})
+		}
+		v.mu.Unlock()
+		_ = d.Ack(false)
+	}
 }
 
 // consumeInbox consumes the second queue through an inbox whose effect is
@@ -148,7 +205,20 @@ func (v *verifier) quiet() *slog.Logger {
 // transactions, never by cancelling one: a COMMIT cut short by a context
 // may still land on the server after the writer gave up on it.
 func (v *verifier) write(ctx context.Context, store *outbox.Store, end time.Time) error {
-	if v.o.longTx {
+	if v.o.writers == 1 {
+		return v.writeShare(ctx, store, end, 0)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for w := range v.o.writers {
+		g.Go(func() error { return v.writeShare(gctx, store, end, w) })
+	}
+	return g.Wait()
+}
+
+// writeShare is writer w's share of write: every writers-th event, the
+// long transaction with the first.
+func (v *verifier) writeShare(ctx context.Context, store *outbox.Store, end time.Time, w int) error {
+	if v.o.longTx && w == 0 {
 		// One transaction open for the whole run, committed after the
 		// others: its event must arrive, after every window of
 		// transactions that committed meanwhile went by.
@@ -172,9 +242,9 @@ func (v *verifier) write(ctx context.Context, store *outbox.Store, end time.Time
 			}
 		}()
 	}
-	interval := time.Duration(float64(time.Second) / v.o.rate)
+	interval := time.Duration(float64(time.Second) * float64(v.o.writers) / v.o.rate)
 	next := time.Now()
-	for i := 0; time.Now().Before(end); i++ {
+	for i := w; time.Now().Before(end); i += v.o.writers {
 		if d := time.Until(next); d > 0 {
 			select {
 			case <-ctx.Done():
