@@ -81,14 +81,14 @@ func (s *Store) claimRows(ctx context.Context, db *sql.DB, n int, lease time.Dur
 	if err != nil {
 		return nil, err
 	}
-	return scanMessages(rows, token)
+	return scanMessages(rows, rowsClaim(token))
 }
 
-func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
+func scanMessages(rows *sql.Rows, claim claimRef) ([]Message, error) {
 	defer rows.Close()
 	var msgs []Message
 	for rows.Next() {
-		m, err := scanMessage(rows, token)
+		m, err := scanMessage(rows, claim)
 		if err != nil {
 			return nil, err
 		}
@@ -102,7 +102,7 @@ func scanMessages(rows *sql.Rows, token string) ([]Message, error) {
 // (a column that does not scan, headers that do not decode or that Add
 // refuses: a row written by SQL) is returned with the reason in unfit; one
 // whose id cannot be read either is an error (badRowError).
-func scanMessage(rows *sql.Rows, token string, extra ...any) (Message, error) {
+func scanMessage(rows *sql.Rows, claim claimRef, extra ...any) (Message, error) {
 	var (
 		m        Message
 		headers  []byte
@@ -119,7 +119,7 @@ func scanMessage(rows *sql.Rows, token string, extra ...any) (Message, error) {
 	} else {
 		m.decodeHeaders(headers)
 	}
-	m.ClaimedUntil, m.ParkedAt, m.claimToken = claimed.Time, parkedAt.Time, token
+	m.ClaimedUntil, m.ParkedAt, m.claim = claimed.Time, parkedAt.Time, claim
 	return m, nil
 }
 
@@ -258,21 +258,25 @@ func (s *Store) fenced(ctx context.Context, what string, kind byte, query string
 		return s.logFault(ctx, ls.settle(ctx, db, what, kind, msgs))
 	}
 	var (
-		tokens []string // in order of first appearance
-		ids    = make(map[string][]string)
+		tokens []rowsClaim // in order of first appearance
+		ids    = make(map[rowsClaim][]string)
+		done   = make(map[string]bool, len(msgs))
 	)
 	for _, m := range msgs {
-		if m.claimToken == "" {
+		if m.claim == nil {
 			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
 		}
-		if _, ok := ids[m.claimToken]; !ok {
-			tokens = append(tokens, m.claimToken)
+		token, ok := m.claim.(rowsClaim)
+		if !ok {
+			continue // claimed from a table of another layout: lost below
 		}
-		ids[m.claimToken] = append(ids[m.claimToken], m.ID)
+		if _, ok := ids[token]; !ok {
+			tokens = append(tokens, token)
+		}
+		ids[token] = append(ids[token], m.ID)
 	}
-	done := make(map[string]bool, len(msgs))
 	for _, token := range tokens {
-		if err := s.fencedClaim(ctx, db, query, ids[token], token, done); err != nil {
+		if err := s.fencedClaim(ctx, db, query, ids[token], string(token), done); err != nil {
 			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, s.relayout(err))
 		}
 	}
@@ -326,7 +330,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	if err != nil {
 		return err
 	}
-	if msg.claimToken == "" {
+	if msg.claim == nil {
 		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
 	}
 	if ls, err := s.logged(ctx); err != nil {
@@ -340,7 +344,11 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 		attempts int
 		parked   bool
 	)
-	err = db.QueryRowContext(ctx, s.queriesNow().markFailed, msg.ID, msg.claimToken, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+	token, ok := msg.claim.(rowsClaim)
+	if !ok { // claimed from a table of another layout
+		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
+	}
+	err = db.QueryRowContext(ctx, s.queriesNow().markFailed, msg.ID, string(token), reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -617,6 +616,19 @@ func DuplicateIDsAdvice(tableName string, err error) string {
 	return fmt.Sprintf(": the table holds an event id twice, written before this version of the library refused duplicates; list them with SELECT id, array_agg(seq) FROM %s GROUP BY id HAVING count(*) > 1, delete the later copy of each (they were published already, or will be with the first) and apply the schema again", tableName)
 }
 
+// noTableError is the error of a table that does not exist. It carries
+// PostgreSQL's SQLSTATE for a missing relation (42P01), as the statement
+// that would have found the table missing would have: callers that
+// classify errors by their state (the relay's advice, the CLI's) see what
+// they saw then.
+type noTableError struct{ table string }
+
+func (e noTableError) Error() string {
+	return fmt.Sprintf("outbox: table %s does not exist: create it with `outbox schema --apply` (or Store.CreateSchemaIfAbsent) or your migrations", e.table)
+}
+
+func (noTableError) SQLState() string { return "42P01" }
+
 // layoutState caches the layout of a Store's table, read once from the
 // database.
 type layoutState struct {
@@ -672,7 +684,7 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 	}
 	switch {
 	case !kind.Valid:
-		return 0, nil, fmt.Errorf("outbox: table %s does not exist: create it with `outbox schema` (or Store.CreateSchemaIfAbsent)", s.t.full)
+		return 0, nil, noTableError{s.t.full}
 	case hasMeta && kind.String == "p":
 		checked, claimMark, layout, err := s.readLogTables(ctx, db, l)
 		if err != nil {
@@ -682,7 +694,17 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 			s.logger.WarnContext(ctx, "outbox: The table's claim function is older than this version of the library's: relaying works, but each claim costs more than it needs to; `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent) replaces it online",
 				slog.String("table", s.t.full), slog.Int("claim_revision", rev), slog.Int("current_revision", logClaimRevision))
 		}
+		// Read again (a statement found the table changed): the new log
+		// store starts where the old one's low-water mark was, not from
+		// the first batch (unfinished starts again from 0 by itself if the
+		// table was emptied).
+		old := s.log
 		s.log = newLogStore(s, checked)
+		if old != nil {
+			old.mu.Lock()
+			s.log.low = old.low
+			old.mu.Unlock()
+		}
 		s.layoutKnown = LayoutLog
 	case rows && kind.String == "r":
 		s.layoutKnown = LayoutRows
@@ -706,18 +728,16 @@ func claimRevision(comment string) int {
 }
 
 // logged returns the log store when the table has LayoutLog, nil for the
-// rows layout; a table that cannot be read falls through to the rows
-// layout's statements, whose errors say what is wrong.
+// rows layout, and the error when the layout cannot be read (the table is
+// missing, the database does not answer): the rows layout's statements
+// never run on a table whose layout is not known.
 func (s *Store) logged(ctx context.Context) (*logStore, error) {
 	if s.db == nil {
 		return nil, nil
 	}
 	l, ls, err := s.layout(ctx)
 	if err != nil {
-		if errors.Is(err, ErrInvalidTable) {
-			return nil, err
-		}
-		return nil, nil
+		return nil, err
 	}
 	if l == LayoutLog {
 		return ls, nil

@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -239,35 +238,9 @@ func inflightCTE(low, except string) string {
 type batchRef struct {
 	batch int64
 	gen   int
-	token string // of a failed message's claim
 }
 
-func parseRef(s string) (batchRef, bool) {
-	if tok, ok := strings.CutPrefix(s, "f:"); ok {
-		return batchRef{token: tok}, true
-	}
-	rest, ok := strings.CutPrefix(s, "b:")
-	if !ok {
-		return batchRef{}, false
-	}
-	b, g, ok := strings.Cut(rest, ":")
-	if !ok {
-		return batchRef{}, false
-	}
-	batch, err1 := strconv.ParseInt(b, 10, 64)
-	gen, err2 := strconv.Atoi(g)
-	if err1 != nil || err2 != nil {
-		return batchRef{}, false
-	}
-	return batchRef{batch: batch, gen: gen}, true
-}
-
-func (r batchRef) String() string {
-	if r.token != "" {
-		return "f:" + r.token
-	}
-	return fmt.Sprintf("b:%d:%d", r.batch, r.gen)
-}
+func (r batchRef) String() string { return fmt.Sprintf("b:%d:%d", r.batch, r.gen) }
 
 // batchRow is a row of the batch table.
 type batchRow struct {
@@ -289,7 +262,7 @@ func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease ti
 			ls.failedSoon()
 		}
 	}()
-	ref := batchRef{token: token.String()}.String()
+	ref := failedClaim(token.String())
 	if ls.s.Ordering() != OrderedByKey {
 		rows, err := db.QueryContext(ctx, ls.failedClaimSQL, n, token.String(), lease.Microseconds())
 		if err != nil {
@@ -353,14 +326,14 @@ func (ls *logStore) lockClaims(ctx context.Context, tx *sql.Tx) error {
 // scanLogMessages reads the columns of scanMessages, then ord and whether
 // the message's key is blocked (see logBlocked), and returns the indices
 // of the blocked ones.
-func scanLogMessages(rows *sql.Rows, token string) (msgs []Message, blocked []int, err error) {
+func scanLogMessages(rows *sql.Rows, claim claimRef) (msgs []Message, blocked []int, err error) {
 	defer rows.Close()
 	for rows.Next() {
 		var (
 			ord sql.NullInt64
 			b   bool
 		)
-		m, err := scanMessage(rows, token, &ord, &b)
+		m, err := scanMessage(rows, claim, &ord, &b)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -459,7 +432,7 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 		msgs    = make([]Message, 0, min(n, claimPresize))
 		blocked []int
 		batch   int64
-		ref     string // every row is of the one batch
+		ref     claimRef // every row is of the one batch
 		ordered bool
 		// Read and dropped (tx) or decoded (headers) before the next row:
 		// not copied.
@@ -480,10 +453,10 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 		} else {
 			m.decodeHeaders(headers)
 		}
-		if ref == "" {
-			ref = batchRef{batch: batch}.String()
+		if ref == nil {
+			ref = batchRef{batch: batch}
 		}
-		m.claimToken, m.ord = ref, ord.Int64
+		m.claim, m.ord = ref, ord.Int64
 		if b {
 			blocked = append(blocked, len(msgs))
 		}

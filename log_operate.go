@@ -148,7 +148,7 @@ ORDER BY o.parked_at DESC LIMIT $1`), limit)
 	if err != nil {
 		return nil, err
 	}
-	return scanMessages(rows, "")
+	return scanMessages(rows, nil)
 }
 
 // changeParked re-arms (retry) or discards parked messages, those among

@@ -21,35 +21,34 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 		return nil
 	}
 	type group struct {
-		ref  batchRef
-		ids  []string
-		seqs []int64
+		claim claimRef // a batchRef or a failedClaim
+		ids   []string
+		seqs  []int64
 	}
 	var (
-		order  []string
-		groups = make(map[string]*group)
+		order  []claimRef
+		groups = make(map[claimRef]*group)
 		lost   []string
 	)
 	for _, m := range msgs {
-		if m.claimToken == "" {
+		switch m.claim.(type) {
+		case nil:
 			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
+		case batchRef, failedClaim:
+		default:
+			// Claimed from the table before it was converted to the log
+			// layout: the conversion copied it, to be claimed again.
+			lost = append(lost, m.ID)
+			continue
 		}
-		g := groups[m.claimToken]
+		g := groups[m.claim]
 		if g == nil {
-			ref, ok := parseRef(m.claimToken)
-			if !ok {
-				// Claimed from the table before it was converted to the
-				// log layout: the conversion copied it, to be claimed
-				// again.
-				lost = append(lost, m.ID)
-				continue
-			}
-			g = &group{ref: ref}
+			g = &group{claim: m.claim}
 			if len(order) == 0 { // mostly the messages are all of one batch
 				g.ids, g.seqs = make([]string, 0, len(msgs)), make([]int64, 0, len(msgs))
 			}
-			groups[m.claimToken] = g
-			order = append(order, m.claimToken)
+			groups[m.claim] = g
+			order = append(order, m.claim)
 		}
 		g.ids = append(g.ids, m.ID)
 		g.seqs = append(g.seqs, m.Seq)
@@ -61,11 +60,12 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 			done map[string]bool
 			err  error
 		)
-		if g.ref.token != "" {
+		switch c := g.claim.(type) {
+		case failedClaim:
 			failedRefs = true
-			done, err = ls.settleFailed(ctx, db, kind, g.ids, g.ref.token)
-		} else {
-			done, err = ls.settleBatch(ctx, db, kind, g.ref, g.ids, g.seqs)
+			done, err = ls.settleFailed(ctx, db, kind, g.ids, string(c))
+		case batchRef:
+			done, err = ls.settleBatch(ctx, db, kind, c, g.ids, g.seqs)
 		}
 		if err != nil {
 			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), ls.s.t.full, err)
@@ -158,8 +158,9 @@ WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL R
 // table has its row updated; both back off, and park at MaxAttempts.
 func (ls *logStore) markFailed(ctx context.Context, db *sql.DB, msg Message, reason string) error {
 	s := ls.s
-	ref, ok := parseRef(msg.claimToken)
-	if !ok { // claimed before the table was converted to the log layout
+	ref, isBatch := msg.claim.(batchRef)
+	token, isFailed := msg.claim.(failedClaim)
+	if !isBatch && !isFailed { // claimed before the table was converted to the log layout
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}
 	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax)
@@ -169,8 +170,8 @@ func (ls *logStore) markFailed(ctx context.Context, db *sql.DB, msg Message, rea
 		parked   bool
 		err      error
 	)
-	if ref.token != "" {
-		err = db.QueryRowContext(ctx, ls.refailSQL, msg.ID, ref.token, reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
+	if isFailed {
+		err = db.QueryRowContext(ctx, ls.refailSQL, msg.ID, string(token), reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
 	} else {
 		headers, herr := json.Marshal(msg.Headers)
 		if herr != nil {

@@ -60,7 +60,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token string, n in
 	if err != nil {
 		return nil, err
 	}
-	msgs, blocked, err := scanLogMessages(rs, ref.String())
+	msgs, blocked, err := scanLogMessages(rs, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -47,9 +47,10 @@ type Message struct {
 	// ParkedAt is when the message was parked; zero unless it is parked.
 	ParkedAt time.Time
 
-	// claimToken fences the claim: marks apply only while the row still
-	// carries it.
-	claimToken string
+	// claim fences the claim that returned the message: marks apply only
+	// while the row (or the batch) still carries it. Nil for a message
+	// that was not claimed.
+	claim claimRef
 
 	// ord is its place in its key's order on an ordered table of the log
 	// layout (0 elsewhere): kept with it if it fails.
@@ -65,3 +66,18 @@ type Message struct {
 func sortBySeq(msgs []Message) {
 	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) })
 }
+
+// claimRef is what a claim gave a message, typed by the layout that made
+// it: a mark or release of a message claimed from another layout (the
+// table was converted meanwhile) finds its lease lost.
+type claimRef interface{ claimRef() }
+
+// rowsClaim is the claim token a rows table's claim wrote in its rows.
+type rowsClaim string
+
+// failedClaim is the claim token written in a log table's failed rows.
+type failedClaim string
+
+func (rowsClaim) claimRef()   {}
+func (failedClaim) claimRef() {}
+func (batchRef) claimRef()    {}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -136,7 +137,7 @@ func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
 	}
-	msgs, err := scanMessages(rows, "")
+	msgs, err := scanMessages(rows, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
 	}
@@ -347,7 +348,7 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ls, err := s.logged(ctx); err != nil {
+	if ls, err := s.logged(ctx); err != nil && !errors.As(err, new(noTableError)) {
 		return err
 	} else if ls != nil {
 		return nil // a table of the log layout exists

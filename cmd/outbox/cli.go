@@ -16,6 +16,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/pgerr"
 	"github.com/acemq/outbox/internal/redact"
 )
 
@@ -341,11 +342,12 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 
 // explain turns a missing table or column into advice.
 func (c *common) explain(err error) error {
+	if pgerr.State(err) == "42P01" { // the server's, or the store's own (outbox.Store.Layout)
+		return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "42P01":
-			return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
 		case "42703":
 			return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`, and apply the module's migrations/ if it is an older outbox", c.table, pgErr.Message, c.table)
 		case "42P05", "26000":
