@@ -7,12 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-
-	"github.com/google/uuid"
-
-	"github.com/acemq/outbox/internal/textcut"
 )
 
 func (s *Store) pool() (*sql.DB, error) {
@@ -50,27 +45,13 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	if lease < time.Millisecond {
 		return nil, fmt.Errorf("outbox: Claim: lease must be at least 1ms (got %s)", lease)
 	}
-	if ls, err := s.logged(ctx); err != nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return nil, err
-	} else if ls != nil {
-		msgs, err := ls.claim(ctx, db, n, lease)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.logFault(ctx, err))
-		}
-		return msgs, nil
 	}
-	token, err := uuid.NewRandom()
+	msgs, err := ops.claim(ctx, db, n, lease)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: generating claim token: %w", err)
-	}
-	msgs, err := s.claimRows(ctx, db, n, lease, token.String())
-	if err == nil {
-		sortBySeq(msgs)
-		msgs, err = s.parkUnfit(ctx, db, token.String(), msgs)
-	}
-	if err != nil {
-		s.giveBack(ctx, db, s.q.releaseClaim, token.String(), err, false) // see orphan.go
-		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.relayout(err))
+		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
 	}
 	return msgs, nil
 }
@@ -231,7 +212,7 @@ func splitUnfit(msgs []Message, ordered bool) (kept, unfit, behind []Message) {
 // marked. Such a message was claimed again by another relay, which may
 // publish it a second time: a duplicate, never a loss.
 func (s *Store) MarkPublished(ctx context.Context, msgs ...Message) error {
-	return s.fenced(ctx, "marking published", 'p', s.queriesNow().markPublished, msgs)
+	return s.settle(ctx, "marking published", 'p', msgs)
 }
 
 // Release gives claims back without counting an attempt: the messages can be
@@ -239,12 +220,12 @@ func (s *Store) MarkPublished(ctx context.Context, msgs ...Message) error {
 // publish (shutdown, broker outage). Rows no longer carrying the caller's
 // claim are left alone and reported like MarkPublished does.
 func (s *Store) Release(ctx context.Context, msgs ...Message) error {
-	return s.fenced(ctx, "releasing", 'r', s.q.release, msgs)
+	return s.settle(ctx, "releasing", 'r', msgs)
 }
 
-// fenced runs an UPDATE for the messages of each claim token and reports
-// the messages that matched no row as lost leases.
-func (s *Store) fenced(ctx context.Context, what string, kind byte, query string, msgs []Message) error {
+// settle records what became of claimed messages: kind 'p' (published)
+// or 'r' (released), and reports those whose claim was lost.
+func (s *Store) settle(ctx context.Context, what string, kind byte, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -252,44 +233,11 @@ func (s *Store) fenced(ctx context.Context, what string, kind byte, query string
 	if err != nil {
 		return err
 	}
-	if ls, err := s.logged(ctx); err != nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return err
-	} else if ls != nil {
-		return s.logFault(ctx, ls.settle(ctx, db, what, kind, msgs))
 	}
-	var (
-		tokens []rowsClaim // in order of first appearance
-		ids    = make(map[rowsClaim][]string)
-		done   = make(map[string]bool, len(msgs))
-	)
-	for _, m := range msgs {
-		if m.claim == nil {
-			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
-		}
-		token, ok := m.claim.(rowsClaim)
-		if !ok {
-			continue // claimed from a table of another layout: lost below
-		}
-		if _, ok := ids[token]; !ok {
-			tokens = append(tokens, token)
-		}
-		ids[token] = append(ids[token], m.ID)
-	}
-	for _, token := range tokens {
-		if err := s.fencedClaim(ctx, db, query, ids[token], string(token), done); err != nil {
-			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), s.t.full, s.relayout(err))
-		}
-	}
-	if len(done) == len(msgs) {
-		return nil
-	}
-	var lost []string
-	for _, m := range msgs {
-		if !done[m.ID] {
-			lost = append(lost, m.ID)
-		}
-	}
-	return s.leaseLost(ctx, what, lost)
+	return ops.settle(ctx, db, what, kind, msgs)
 }
 
 // leaseLost logs and returns the error for messages whose claim was lost.
@@ -333,32 +281,11 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	if msg.claim == nil {
 		return fmt.Errorf("outbox: marking message %s failed: it was not returned by Claim, so it carries no claim", msg.ID)
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return err
-	} else if ls != nil {
-		return s.logFault(ctx, ls.markFailed(ctx, db, msg, reason))
-	}
-	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax) // a NUL cannot be stored
-	delay := s.backoff(msg.Attempts + 1)
-	var (
-		attempts int
-		parked   bool
-	)
-	token, ok := msg.claim.(rowsClaim)
-	if !ok { // claimed from a table of another layout
-		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
-	}
-	err = db.QueryRowContext(ctx, s.queriesNow().markFailed, msg.ID, string(token), reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
-	if errors.Is(err, sql.ErrNoRows) {
-		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
-	}
+	ops, err := s.ops(ctx)
 	if err != nil {
-		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, s.t.full, s.relayout(err))
+		return err
 	}
-	if parked {
-		s.warnParked(ctx, msg.ID, attempts, reason)
-	}
-	return nil
+	return ops.markFailed(ctx, db, msg, reason)
 }
 
 func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason string) {
@@ -384,12 +311,9 @@ func (s *Store) Maintain(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ls, err := s.logged(ctx)
-	if err != nil || ls == nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return err
 	}
-	if err := ls.tend(ctx, db); err != nil {
-		return fmt.Errorf("outbox: maintaining %s: %w", s.t.full, s.logFault(ctx, err))
-	}
-	return nil
+	return ops.maintain(ctx, db)
 }

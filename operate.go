@@ -23,21 +23,11 @@ import (
 // messages that should be moving, watch Ready and OldestReadyAge, which
 // leave parked ones out.
 func (s *Store) Pending(ctx context.Context) (int64, error) {
-	db, err := s.pool()
+	db, ops, err := s.dbOps(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return 0, err
-	} else if ls != nil {
-		c, err := ls.counts(ctx, db, 1<<62)
-		return c.pending(), err
-	}
-	var n int64
-	if err := db.QueryRowContext(ctx, s.q.pending).Scan(&n); err != nil {
-		return 0, fmt.Errorf("outbox: counting pending messages in %s: %w", s.t.full, err)
-	}
-	return n, nil
+	return ops.pending(ctx, db)
 }
 
 // Stats is a snapshot of an outbox table for operators and metrics. Each
@@ -86,27 +76,11 @@ type Stats struct {
 
 // Stats returns counts of the table's messages by state.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	db, err := s.pool()
+	db, ops, err := s.dbOps(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return Stats{}, err
-	} else if ls != nil {
-		return ls.stats(ctx, db)
-	}
-	var (
-		st             Stats
-		oldest, oldRdy float64
-	)
-	if err := db.QueryRowContext(ctx, s.q.stats).Scan(&st.Ready, &st.InFlight, &st.Retrying, &st.Held, &st.Parked,
-		&oldest, &oldRdy, &st.PublishedLastHour, &st.BlockedKeys); err != nil {
-		return Stats{}, fmt.Errorf("outbox: reading stats of %s: %w", s.t.full, err)
-	}
-	st.Pending = st.Ready + st.InFlight + st.Retrying + st.Held + st.Parked
-	st.Claimed = st.InFlight
-	st.OldestPendingAge, st.OldestReadyAge = seconds(oldest), seconds(oldRdy)
-	return st, nil
+	return ops.stats(ctx, db)
 }
 
 // seconds is an age read from the database, to the millisecond.
@@ -124,20 +98,11 @@ func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("outbox: Parked: limit must be at least 1 (got %d)", limit)
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return nil, err
-	} else if ls != nil {
-		msgs, err := ls.parked(ctx, db, limit)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
-		}
-		return msgs, nil
-	}
-	rows, err := db.QueryContext(ctx, s.q.parked, limit)
+	ops, err := s.ops(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
+		return nil, err
 	}
-	msgs, err := scanMessages(rows, nil)
+	msgs, err := ops.parked(ctx, db, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
 	}
@@ -148,7 +113,7 @@ func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
 // and they can be claimed at once. Ids that are not parked are ignored. It
 // returns how many messages were re-armed.
 func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
-	return s.changeParked(ctx, "Retry", "retrying parked messages", s.q.retry, false, ids)
+	return s.changeParked(ctx, "Retry", "retrying parked messages", false, ids)
 }
 
 // Discard gives up on parked messages: they will never be published, and
@@ -159,12 +124,12 @@ func (s *Store) Retry(ctx context.Context, ids ...string) (int64, error) {
 // the published history in time). Ids that are not parked messages are
 // ignored. It returns how many messages were discarded.
 func (s *Store) Discard(ctx context.Context, ids ...string) (int64, error) {
-	return s.changeParked(ctx, "Discard", "discarding parked messages", s.q.discard, true, ids)
+	return s.changeParked(ctx, "Discard", "discarding parked messages", true, ids)
 }
 
-// changeParked runs query, Retry's or Discard's, on the parked messages
-// among ids and returns how many it changed.
-func (s *Store) changeParked(ctx context.Context, op, what, query string, discard bool, ids []string) (int64, error) {
+// changeParked retries (or discards) the parked messages among ids and
+// returns how many it changed.
+func (s *Store) changeParked(ctx context.Context, op, what string, discard bool, ids []string) (int64, error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, err
@@ -177,42 +142,27 @@ func (s *Store) changeParked(ctx context.Context, op, what, query string, discar
 			return 0, fmt.Errorf("outbox: %s: %q is not a message id (a UUID)", op, id)
 		}
 	}
-	if ls, err := s.logged(ctx); err != nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return 0, err
-	} else if ls != nil {
-		n, err := ls.changeParked(ctx, db, discard, ids)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
-		}
-		return n, nil
 	}
-	return s.queryCount(ctx, db, what, query, ids)
+	n, err := ops.changeParked(ctx, db, discard, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
+	}
+	return n, nil
 }
 
 // RetryAllParked re-arms every parked message, as Retry does, and returns how
 // many there were.
 func (s *Store) RetryAllParked(ctx context.Context) (int64, error) {
-	db, err := s.pool()
+	db, ops, err := s.dbOps(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return 0, err
-	} else if ls != nil {
-		n, err := ls.changeParked(ctx, db, false, nil)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: retrying parked messages in %s: %w", s.t.full, err)
-		}
-		return n, nil
-	}
-	return s.queryCount(ctx, db, "retrying parked messages", s.q.retryAll)
-}
-
-// queryCount runs a statement that returns a count.
-func (s *Store) queryCount(ctx context.Context, db *sql.DB, what, query string, args ...any) (int64, error) {
-	var n int64
-	if err := db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
+	n, err := ops.changeParked(ctx, db, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: retrying parked messages in %s: %w", s.t.full, err)
 	}
 	return n, nil
 }
@@ -231,25 +181,11 @@ func (s *Store) queryCount(ctx context.Context, db *sql.DB, what, query string, 
 // unordered. It returns how many messages it held and brought back. On a
 // table of LayoutLog, which holds nothing, it does nothing.
 func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
-	db, err := s.pool()
+	db, ops, err := s.dbOps(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return 0, 0, err
-	} else if ls != nil {
-		return 0, 0, nil // nothing is held in a log table (see divert); Maintain rotates it
-	}
-	q := s.queriesNow()
-	if s.Ordering() == OrderedByKey {
-		if held, err = s.execCount(ctx, db, "holding the messages of blocked keys", q.hold); err != nil {
-			return 0, 0, err
-		}
-	}
-	if unheld, err = s.execCount(ctx, db, "bringing back held messages", q.unhold); err != nil {
-		return held, 0, err
-	}
-	return held, unheld, nil
+	return ops.reconcile(ctx, db)
 }
 
 func (s *Store) execCount(ctx context.Context, db *sql.DB, what, query string, args ...any) (int64, error) {
@@ -283,27 +219,11 @@ func (s *Store) PurgePublishedProgress(ctx context.Context, olderThan time.Durat
 	if olderThan < 0 {
 		return 0, fmt.Errorf("outbox: PurgePublished: age must not be negative (got %s)", olderThan)
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return 0, err
-	} else if ls != nil {
-		n, err := ls.purge(ctx, db, olderThan)
-		if err != nil {
-			return n, fmt.Errorf("outbox: purging published messages in %s: %w", s.t.full, err)
-		}
-		if progress != nil {
-			progress(n)
-		}
-		return n, nil
-	}
-	var cutoff time.Time
-	if err := db.QueryRowContext(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("outbox: purging %s: %w", s.t.full, err)
-	}
-	total, err := pgschema.DeleteInBatches(ctx, db, s.purgeBatch, progress, s.q.purge, cutoff)
+	ops, err := s.ops(ctx)
 	if err != nil {
-		return total, fmt.Errorf("outbox: purging published messages in %s: %w", s.t.full, err)
+		return 0, err
 	}
-	return total, nil
+	return ops.purge(ctx, db, olderThan, progress)
 }
 
 // CreateSchemaIfAbsent creates the outbox table in the default layout,
@@ -379,16 +299,11 @@ func (s *Store) Purgeable(ctx context.Context, olderThan time.Duration) (int64, 
 	if olderThan < 0 {
 		return 0, fmt.Errorf("outbox: Purgeable: age must not be negative (got %s)", olderThan)
 	}
-	if ls, err := s.logged(ctx); err != nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return 0, err
-	} else if ls != nil {
-		return ls.purgeable(ctx, db, olderThan)
 	}
-	var n int64
-	if err := db.QueryRowContext(ctx, s.q.purgeable, olderThan.Microseconds()).Scan(&n); err != nil {
-		return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", s.t.full, err)
-	}
-	return n, nil
+	return ops.purgeable(ctx, db, olderThan)
 }
 
 // GaugesLimitDefault bounds the counts of Store.Gauges.
@@ -437,27 +352,14 @@ type Gauges struct {
 // reads only the claim, held and parked partial indexes, never the
 // published rows.
 func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
-	db, err := s.pool()
+	db, ops, err := s.dbOps(ctx)
 	if err != nil {
 		return Gauges{}, err
 	}
 	if limit < 1 {
 		limit = GaugesLimitDefault
 	}
-	if ls, err := s.logged(ctx); err != nil {
-		return Gauges{}, err
-	} else if ls != nil {
-		return ls.gauges(ctx, db, limit)
-	}
-	g := Gauges{Limit: limit}
-	var oldest, oldRdy float64
-	if err := db.QueryRowContext(ctx, s.q.gauges, limit).Scan(&g.Ready, &g.InFlight, &g.Retrying, &g.Held, &g.Parked,
-		&oldest, &oldRdy, &g.BlockedKeys); err != nil {
-		return Gauges{}, fmt.Errorf("outbox: reading gauges of %s: %w", s.t.full, err)
-	}
-	g.Pending = min(g.Ready+g.InFlight+g.Retrying+g.Held+g.Parked, limit)
-	g.OldestPendingAge, g.OldestReadyAge = seconds(oldest), seconds(oldRdy)
-	return g, nil
+	return ops.gauges(ctx, db, limit)
 }
 
 // HasNotifyTrigger reports whether the table has the LISTEN/NOTIFY trigger
