@@ -249,106 +249,29 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // reported) it backs off, and nothing cuts that short. It returns when ctx
 // ends, or with an error nothing can repair.
 func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
-	var failures, idle, burst int
-	var again bool // an empty claim is made again at once: this process's writer woke the claimer, before its commit
-	modeRead := time.Now()
+	c := &claimLoop{r: r, p: p, modeRead: time.Now()}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-p.slots:
 		}
-		if time.Since(modeRead) >= orderingRefresh {
-			modeRead = time.Now()
-			if err := r.refreshOrdering(ctx); err != nil {
-				p.slots <- struct{}{}
-				return err
-			}
-		}
-		switch faults, clean, ferr := p.reports(); {
-		case faults > 0:
-			// A batch met a broker fault: back off before the next claim,
-			// which would most likely meet it too.
-			failures++
-			wait := r.backoff(failures)
-			r.logFailure(ctx, slog.LevelWarn, "relay: Broker unavailable, messages released", ferr, wait, slog.Int("num_batches", faults))
-			r.brokerBackoff(ctx, wait) // not cut short by new work; cut short when the broker is back
-			if ctx.Err() != nil {
-				p.slots <- struct{}{}
-				return nil
-			}
-		case clean > 0:
-			failures = 0 // the broker is back
-		}
-		select { // only a settle after this claim may wake the claimer
-		case <-p.settled:
-		default:
-		}
-		if ctx.Err() != nil {
-			// A free slot and the shutdown were both ready, and select
-			// chose the slot: claim nothing once the shutdown has begun
-			// (the claim runs on drain, and would take back what the
-			// settler has just released).
+		// The claimer holds a slot from here on: a batch it hands over
+		// takes it along, every other way out gives it back.
+		if stop, err := c.prepare(ctx); stop {
 			p.slots <- struct{}{}
-			return nil
+			return err
 		}
 		b, err := r.claim(ctx, drain)
-		retry := again
-		again = false
 		if b == nil {
 			p.slots <- struct{}{} // nothing to hand over: the slot stays free
 		}
-		if ctx.Err() == nil {
-			r.recordClaim(err)
-		}
-		var wait time.Duration
-		switch {
-		case fatal(err):
+		wait, stop, err := c.next(ctx, b, err)
+		if stop {
 			return err
-		case ctx.Err() != nil:
-			if b != nil {
-				p.work <- b // the settler releases it: shutdown
-			}
-			return nil
-		case err != nil:
-			failures++
-			wait = r.backoff(failures)
-			r.logFailure(ctx, slog.LevelError, "relay: Claiming failed", err, wait)
-			r.sleep(ctx, wait, nil, nil, nil) // a backoff is not cut short by new work
-			continue
-		case b != nil:
-			p.work <- b
-			idle = 0
-			if len(b.msgs) >= r.cfg.BatchSize/2 {
-				continue // there may be more: claim again at once while a publisher is free
-			}
-			wait = r.pollFirst // a short batch: let a few more messages come
-		case burst > 0:
-			failures = 0
-			burst--
-			if retry {
-				// The claim after a writer's wake-up in this process found
-				// nothing: it most likely ran before the writer's commit
-				// (Add wakes as it inserts), which has landed by the end of
-				// a claim's round trip.
-				continue
-			}
-			wait = r.pollFirst
-		default:
-			failures = 0
-			wait = min(r.cfg.PollInterval, r.pollFirst<<min(idle, 30))
-			idle++
 		}
-		switch r.sleep(ctx, wait, local, r.cfg.Wakeup, p.settled) {
-		case wokenFirst:
-			// Woken by a writer of this process, before its commit:
-			// claim, then again at once, then poll closely for a few
-			// milliseconds before the waits grow again.
-			idle, burst, again = 0, wakeBurst, true
-		case wokenOther:
-			// Another process's commit (Config.Wakeup) or a settled
-			// ordered batch.
-			idle, burst = 0, wakeBurst
+		if wait > 0 {
+			c.pause(ctx, wait, local)
 		}
 	}
 }
