@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -56,13 +57,15 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	if err := checkLockTimeout("ConvertToLog", lockTimeout); err != nil {
 		return Conversion{}, err
 	}
-	l, err := s.Layout(ctx)
+	ops, err := s.ops(ctx)
 	if err != nil {
 		return Conversion{}, err
 	}
-	if l != LayoutRows {
-		return Conversion{}, fmt.Errorf("outbox: %s has the %s layout already", s.t.full, l)
-	}
+	return ops.convertToLog(ctx, db, dryRun, lockTimeout)
+}
+
+// convertRowsToLog is ConvertToLog of a table of the rows layout.
+func (s *Store) convertRowsToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
 	mode, err := s.TableOrdering(ctx)
 	if err != nil {
 		return Conversion{}, err

@@ -268,11 +268,19 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ls, err := s.logged(ctx); err != nil && !errors.As(err, new(noTableError)) {
+	ops, err := s.ops(ctx)
+	switch {
+	case errors.As(err, new(noTableError)):
+		ops = rowsOps{s}
+	case err != nil:
 		return err
-	} else if ls != nil {
-		return nil // a table of the log layout exists
 	}
+	return ops.createRowsSchema(ctx, db)
+}
+
+// createRowsSchema is CreateRowsSchemaIfAbsent on a table of the rows
+// layout, or where there is none.
+func (s *Store) createRowsSchema(ctx context.Context, db *sql.DB) error {
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}

@@ -42,6 +42,15 @@ type layoutOps interface {
 	reconcile(ctx context.Context, db *sql.DB) (held, unheld int64, err error)
 	purge(ctx context.Context, db *sql.DB, olderThan time.Duration, progress func(int64)) (int64, error)
 	purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error)
+
+	// orderColumn is the column that numbers a key's messages in their
+	// order on an ordered table.
+	orderColumn() string
+	convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error)
+	// createRowsSchema is CreateRowsSchemaIfAbsent: the rows layout's DDL
+	// applied, nothing on another layout.
+	createRowsSchema(ctx context.Context, db *sql.DB) error
+	convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error)
 }
 
 // ops returns the operations of the table's layout, read from the table
@@ -253,6 +262,20 @@ func (r rowsOps) purgeable(ctx context.Context, db *sql.DB, olderThan time.Durat
 	return n, nil
 }
 
+func (rowsOps) orderColumn() string { return "seq" }
+
+func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+	return r.convertRowsOrdering(ctx, db, to, dryRun, lockTimeout)
+}
+
+func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
+	return r.Store.createRowsSchema(ctx, db)
+}
+
+func (r rowsOps) convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
+	return r.convertRowsToLog(ctx, db, dryRun, lockTimeout)
+}
+
 // logOps is LayoutLog: an insert-only, partitioned events table, its
 // batches, settles and failed messages beside it (see logStore).
 type logOps struct{ *logStore }
@@ -295,4 +318,17 @@ func (l logOps) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, 
 		progress(n)
 	}
 	return n, nil
+}
+
+func (logOps) orderColumn() string { return "ord" }
+
+func (l logOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+	return l.s.convertLogOrdering(ctx, db, l.logStore, to, dryRun, lockTimeout)
+}
+
+// createRowsSchema does nothing: a table of the log layout exists.
+func (logOps) createRowsSchema(context.Context, *sql.DB) error { return nil }
+
+func (l logOps) convertToLog(context.Context, *sql.DB, bool, time.Duration) (Conversion, error) {
+	return Conversion{}, fmt.Errorf("outbox: %s has the %s layout already", l.s.t.full, LayoutLog)
 }

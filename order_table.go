@@ -307,12 +307,11 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	column := "seq"
-	if ls, err := s.logged(ctx); err != nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return err
-	} else if ls != nil {
-		column = "ord"
 	}
+	column := ops.orderColumn()
 	o, err := s.readOrderOf(ctx, db, column)
 	switch {
 	case err != nil:
@@ -365,11 +364,16 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	if err := checkLockTimeout("ConvertOrdering", lockTimeout); err != nil {
 		return OrderingConversion{}, err
 	}
-	if ls, err := s.logged(ctx); err != nil {
+	ops, err := s.ops(ctx)
+	if err != nil {
 		return OrderingConversion{}, err
-	} else if ls != nil {
-		return s.convertLogOrdering(ctx, db, ls, to, dryRun, lockTimeout)
 	}
+	return ops.convertOrdering(ctx, db, to, dryRun, lockTimeout)
+}
+
+// convertRowsOrdering is ConvertOrdering of a table of the rows layout:
+// its order trigger created or dropped.
+func (s *Store) convertRowsOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
 	o, err := s.readOrder(ctx, db)
 	if err != nil {
 		return OrderingConversion{}, err
