@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/acemq/outbox/internal/pgerr"
+	"github.com/acemq/outbox/internal/dberr"
 )
 
 // A claim whose caller gets an error may have committed all the same: its
@@ -36,7 +36,7 @@ const giveBackTimeout = 2 * time.Second
 // keeps it aside instead, and the claims after it take the others.
 func keepClaim(err error) bool {
 	var bad badRowError
-	return pgerr.State(err) != "" || errors.As(err, &bad)
+	return dberr.Database(err) != "" || errors.As(err, &bad)
 }
 
 // badRowError is the failure to read a claimed row: a column that does not

@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox"
-	"github.com/acemq/outbox/internal/pgerr"
+	"github.com/acemq/outbox/internal/dberr"
 )
 
 // fatal reports whether err ends Run: nothing that happens while it runs
@@ -64,23 +64,23 @@ func permanent(err error) string {
 	if err == nil {
 		return ""
 	}
-	if s := pgerr.State(err); s != "" {
-		switch s {
-		case "28P01", "28000":
-			return "PostgreSQL refused the credentials: check the database URL's user and password"
-		case "3D000":
-			return "the database does not exist: check the database URL"
-		case "3F000":
-			return "the schema does not exist: create it or fix the table name"
-		case "42501":
-			return "the database user lacks a privilege on the outbox table: GRANT SELECT, UPDATE, DELETE on it"
-		case "42P01":
-			return "the outbox table does not exist: create it with `outbox schema --apply` or your migrations"
-		case "42703":
-			return "the outbox table lacks a column: it was not created by this version's schema; apply the migrations"
-		case "42P05", "26000":
-			return outbox.PoolerHint
-		}
+	switch dberr.Classify(err) {
+	case dberr.Credentials:
+		return dberr.Database(err) + " refused the credentials: check the database URL's user and password"
+	case dberr.NoDatabase:
+		return "the database does not exist: check the database URL"
+	case dberr.NoSchema:
+		return "the schema does not exist: create it or fix the table name"
+	case dberr.NoPrivilege:
+		return "the database user lacks a privilege on the outbox table: GRANT SELECT, UPDATE, DELETE on it"
+	case dberr.NoTable:
+		return "the outbox table does not exist: create it with `outbox schema --apply` or your migrations"
+	case dberr.NoColumn:
+		return "the outbox table lacks a column: it was not created by this version's schema; apply the migrations"
+	case dberr.Pooler:
+		return outbox.PoolerHint
+	case dberr.ReadOnly:
+		return "the database accepts no writes (a standby, a replica, or a node left read-only by a failover): point the database URL at the primary (PostgreSQL: list every host and add target_session_attrs=read-write)"
 	}
 	switch {
 	case errors.Is(err, amqp.ErrCredentials), errors.Is(err, amqp.ErrSASL):
