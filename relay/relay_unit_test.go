@@ -807,3 +807,32 @@ func TestBrokerBackoffEndsWhenTheBrokerAnswers(t *testing.T) {
 		require.LessOrEqual(t, d, probeMax, "no step of a backoff is longer than probeMax: %v", waits)
 	}
 }
+
+// Issue 39: a settler that fell behind (the early marks of four lanes
+// waiting for it) marks each batch's waiting confirms in one settle, not
+// one per group: a relay killed then has fewer confirmed messages not yet
+// marked. Every mark still comes before its batch's outcome, and marks
+// after an outcome wait for it.
+func TestSettlerGathersWaitingEarlyMarks(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	r := newTestRelay(t, store, PublisherFunc(publishNothing), nil)
+	p := &pipeline{events: make(chan settleEvent, 16), slots: make(chan struct{}, 2), settled: make(chan struct{}, 1)}
+	newBatch := func(ids ...string) *batch {
+		return &batch{msgs: msgs(ids...), publishBy: time.Now().Add(time.Minute), leaseEnd: time.Now().Add(time.Minute)}
+	}
+	x, y := newBatch("x1", "x2", "x3"), newBatch("y1", "y2")
+	for _, ev := range []settleEvent{
+		{b: x, early: []int{0}}, {b: y, early: []int{0}}, {b: x, early: []int{1}}, {b: y, early: []int{1}},
+		{b: x, final: &outcome{b: x, errs: make([]error, 3)}},
+		{b: y, final: &outcome{b: y, errs: make([]error, 2)}},
+	} {
+		p.events <- ev
+	}
+	close(p.events)
+	r.settler(context.Background(), p, func(err error) { t.Errorf("settling failed: %v", err) })
+	require.Equal(t, []string{"published x1,x2", "published y1,y2", "published x3"}, store.log(),
+		"two settles for four groups, then what the outcome adds")
+	require.Equal(t, int64(5), r.Stats().Published)
+	require.Len(t, p.slots, 2)
+}

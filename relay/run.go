@@ -283,10 +283,20 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 // fail, which stops the claimer; what is still handed over is released.
 func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 	stopped := false
-	for ev := range p.events {
+	var next *settleEvent // an outcome taken from events while early marks were gathered
+	for {
+		var ev settleEvent
+		if next != nil {
+			ev, next = *next, nil
+		} else {
+			var ok bool
+			if ev, ok = <-p.events; !ok {
+				return
+			}
+		}
 		if ev.final == nil {
 			if !stopped {
-				r.markEarly(ctx, ev.b, ev.early)
+				next = r.markEarlyGathered(ctx, p, ev)
 			}
 			continue
 		}
@@ -313,6 +323,45 @@ func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 		}
 		p.slots <- struct{}{}
 	}
+}
+
+// markEarlyGathered marks published the messages confirmed in ev and in
+// the early marks waiting behind it, up to the first outcome, one settle
+// per batch: a settler that fell behind the publishers (a busy database,
+// a relay catching up on a backlog with every lane publishing full
+// batches) catches up in a statement per batch instead of one per group,
+// and a relay killed then has fewer confirmed messages not yet marked,
+// which are published again. Early marks of a batch come before its
+// outcome, and the first outcome stops the gathering (it is returned, to
+// be settled next), so that an outcome is never settled before the marks
+// that came before it.
+func (r *Relay) markEarlyGathered(ctx context.Context, p *pipeline, ev settleEvent) *settleEvent {
+	order := []*batch{ev.b}
+	ix := map[*batch][]int{ev.b: append([]int(nil), ev.early...)}
+	var next *settleEvent
+gather:
+	for {
+		select {
+		case n, ok := <-p.events:
+			if !ok {
+				break gather
+			}
+			if n.final != nil {
+				next = &n
+				break gather
+			}
+			if _, seen := ix[n.b]; !seen {
+				order = append(order, n.b)
+			}
+			ix[n.b] = append(ix[n.b], n.early...)
+		default:
+			break gather
+		}
+	}
+	for _, b := range order {
+		r.markEarly(ctx, b, ix[b])
+	}
+	return next
 }
 
 // orderingRefresh is how often the claimer reads the table's mode again.
