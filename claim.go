@@ -233,6 +233,11 @@ func (s *Store) settle(ctx context.Context, what string, kind byte, msgs []Messa
 	if err != nil {
 		return err
 	}
+	for _, m := range msgs {
+		if m.claim == nil {
+			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
+		}
+	}
 	ops, err := s.ops(ctx)
 	if err != nil {
 		return err

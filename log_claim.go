@@ -233,14 +233,13 @@ func inflightCTE(low, except string) string {
 	FROM u LEFT JOIN LATERAL unnest(u.keys) AS x(k) ON true)`
 }
 
-// batchRef is the claim of a message taken in a batch, "b:<batch>:<gen>",
-// or of one taken from the failed table, "f:<token>".
+// batchRef is the claim of a message taken in a batch: the batch and its
+// generation (a take-over claims it again under the next). One taken from
+// the failed table has a failedClaim.
 type batchRef struct {
 	batch int64
 	gen   int
 }
-
-func (r batchRef) String() string { return fmt.Sprintf("b:%d:%d", r.batch, r.gen) }
 
 // batchRow is a row of the batch table.
 type batchRow struct {

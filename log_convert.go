@@ -64,8 +64,9 @@ func (s *Store) ConvertToLog(ctx context.Context, dryRun bool, lockTimeout time.
 	return ops.convertToLog(ctx, db, dryRun, lockTimeout)
 }
 
-// convertRowsToLog is ConvertToLog of a table of the rows layout.
-func (s *Store) convertRowsToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
+// convertToLog is ConvertToLog of a table of the rows layout.
+func (r rowsOps) convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
+	s := r.Store
 	mode, err := s.TableOrdering(ctx)
 	if err != nil {
 		return Conversion{}, err

@@ -32,8 +32,6 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 	)
 	for _, m := range msgs {
 		switch m.claim.(type) {
-		case nil:
-			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
 		case batchRef, failedClaim:
 		default:
 			// Claimed from the table before it was converted to the log

@@ -280,7 +280,8 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 
 // createRowsSchema is CreateRowsSchemaIfAbsent on a table of the rows
 // layout, or where there is none.
-func (s *Store) createRowsSchema(ctx context.Context, db *sql.DB) error {
+func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
+	s := r.Store
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}

@@ -26,7 +26,8 @@ type layoutOps interface {
 	// (see Store.relayout, Store.logFault).
 	claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error)
 	// settle records kind 'p' (published) or 'r' (released) for claimed
-	// messages, and a *LeaseLostError for those whose claim was lost.
+	// messages (Store has checked that each carries a claim), and a
+	// *LeaseLostError for those whose claim was lost.
 	settle(ctx context.Context, db *sql.DB, what string, kind byte, msgs []Message) error
 	// markFailed counts a failed attempt at a claimed message.
 	markFailed(ctx context.Context, db *sql.DB, msg Message, reason string) error
@@ -112,9 +113,6 @@ func (r rowsOps) settle(ctx context.Context, db *sql.DB, what string, kind byte,
 		done   = make(map[string]bool, len(msgs))
 	)
 	for _, m := range msgs {
-		if m.claim == nil {
-			return fmt.Errorf("outbox: %s message %s: it was not returned by Claim, so it carries no claim", what, m.ID)
-		}
 		token, ok := m.claim.(rowsClaim)
 		if !ok {
 			continue // claimed from a table of another layout: lost below
@@ -143,16 +141,16 @@ func (r rowsOps) settle(ctx context.Context, db *sql.DB, what string, kind byte,
 
 func (r rowsOps) markFailed(ctx context.Context, db *sql.DB, msg Message, reason string) error {
 	s := r.Store
+	token, ok := msg.claim.(rowsClaim)
+	if !ok { // claimed from a table of another layout
+		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
+	}
 	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax) // a NUL cannot be stored
 	delay := s.backoff(msg.Attempts + 1)
 	var (
 		attempts int
 		parked   bool
 	)
-	token, ok := msg.claim.(rowsClaim)
-	if !ok { // claimed from a table of another layout
-		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
-	}
 	err := db.QueryRowContext(ctx, s.queriesNow().markFailed, msg.ID, string(token), reason, delay.Microseconds(), s.maxAttempts).Scan(&attempts, &parked)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})
@@ -264,17 +262,8 @@ func (r rowsOps) purgeable(ctx context.Context, db *sql.DB, olderThan time.Durat
 
 func (rowsOps) orderColumn() string { return "seq" }
 
-func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
-	return r.convertRowsOrdering(ctx, db, to, dryRun, lockTimeout)
-}
-
-func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
-	return r.Store.createRowsSchema(ctx, db)
-}
-
-func (r rowsOps) convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error) {
-	return r.convertRowsToLog(ctx, db, dryRun, lockTimeout)
-}
+// convertOrdering (order_table.go), createRowsSchema (operate.go) and
+// convertToLog (log_convert.go) are beside the Store methods they serve.
 
 // logOps is LayoutLog: an insert-only, partitioned events table, its
 // batches, settles and failed messages beside it (see logStore).

@@ -371,9 +371,10 @@ func (s *Store) ConvertOrdering(ctx context.Context, to Ordering, dryRun bool, l
 	return ops.convertOrdering(ctx, db, to, dryRun, lockTimeout)
 }
 
-// convertRowsOrdering is ConvertOrdering of a table of the rows layout:
-// its order trigger created or dropped.
-func (s *Store) convertRowsOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+// convertOrdering is ConvertOrdering of a table of the rows layout: its
+// order trigger created or dropped.
+func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+	s := r.Store
 	o, err := s.readOrder(ctx, db)
 	if err != nil {
 		return OrderingConversion{}, err

@@ -195,21 +195,19 @@ func (w *window) send() {
 			w.errs[i] = messageFault(m.ID, ClassUnencodable, reason)
 			continue
 		}
+		if w.pubErr == nil && !w.timedOut && len(w.pending)-w.head >= unconfirmedMax {
+			// Out with what is gathered, and wait for the oldest (await
+			// sets timedOut when the publish runs out of time first).
+			if err := p.gather.Flush(); err != nil {
+				w.pubErr = err
+			} else {
+				w.await()
+			}
+			p.gather.Hold()
+		}
 		if w.pubErr != nil || w.timedOut {
 			w.errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", w.pubErr)
 			continue
-		}
-		if len(w.pending)-w.head >= unconfirmedMax {
-			// Out with what is gathered, and wait for the oldest.
-			if err := p.gather.Flush(); err != nil {
-				w.pubErr = err
-			}
-			ok := w.pubErr == nil && w.await()
-			p.gather.Hold()
-			if !ok {
-				w.errs[i] = brokerFault(m.ID, ClassConnection, "channel failed during the batch", w.pubErr)
-				continue
-			}
 		}
 		dc, err := p.ch.PublishWithDeferredConfirmWithContext(w.ctx, m.Exchange, m.RoutingKey,
 			true,  // mandatory: an unroutable message comes back instead of vanishing

@@ -94,7 +94,9 @@
 //     and all that arrived together: a busy broker's multiple acks make one
 //     group, one statement), while the rest of their batch is still being
 //     published: a relay killed then publishes again only what was confirmed
-//     in the last moments, not whole batches. One writer keeps settles from
+//     in the last moments, not whole batches. A settler behind the
+//     publishers marks the groups waiting for it, up to the next outcome,
+//     in one statement a batch. One writer keeps settles from
 //     contending with each other and with the claims on a small database
 //     (with a settle per publisher, throughput on two cores fell by a
 //     quarter).

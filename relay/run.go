@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -336,9 +337,11 @@ func (r *Relay) settler(ctx context.Context, p *pipeline, fail func(error)) {
 // be settled next), so that an outcome is never settled before the marks
 // that came before it.
 func (r *Relay) markEarlyGathered(ctx context.Context, p *pipeline, ev settleEvent) *settleEvent {
-	order := []*batch{ev.b}
-	ix := map[*batch][]int{ev.b: append([]int(nil), ev.early...)}
-	var next *settleEvent
+	var (
+		order []*batch         // nil while nothing waited behind ev: ev alone, as it is
+		ix    map[*batch][]int // the indices to mark, per batch
+		next  *settleEvent
+	)
 gather:
 	for {
 		select {
@@ -350,6 +353,9 @@ gather:
 				next = &n
 				break gather
 			}
+			if order == nil {
+				order, ix = []*batch{ev.b}, map[*batch][]int{ev.b: slices.Clone(ev.early)}
+			}
 			if _, seen := ix[n.b]; !seen {
 				order = append(order, n.b)
 			}
@@ -357,6 +363,10 @@ gather:
 		default:
 			break gather
 		}
+	}
+	if order == nil {
+		r.markEarly(ctx, ev.b, ev.early)
+		return next
 	}
 	for _, b := range order {
 		r.markEarly(ctx, b, ix[b])

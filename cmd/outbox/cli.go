@@ -340,19 +340,20 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 	return db, nil
 }
 
-// explain turns a missing table or column into advice.
+// explain turns a missing table or column into advice. The state is the
+// server's, or the store's own (a table Store.Layout found missing).
 func (c *common) explain(err error) error {
-	if pgerr.State(err) == "42P01" { // the server's, or the store's own (outbox.Store.Layout)
+	switch pgerr.State(err) {
+	case "42P01":
 		return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "42703":
-			return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`, and apply the module's migrations/ if it is an older outbox", c.table, pgErr.Message, c.table)
-		case "42P05", "26000":
-			return fmt.Errorf("%w (%s)", err, outbox.PoolerHint)
+	case "42703":
+		msg := err.Error()
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+			msg = pgErr.Message
 		}
+		return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`, and apply the module's migrations/ if it is an older outbox", c.table, msg, c.table)
+	case "42P05", "26000":
+		return fmt.Errorf("%w (%s)", err, outbox.PoolerHint)
 	}
 	return err
 }

@@ -30,6 +30,7 @@ import (
 var (
 	verifyFaults      = []string{"kill", "cut-db", "cut-broker", "stall"}
 	verifyAdminFaults = []string{"terminate-db", "close-broker", "broker-outage"}
+	verifyAllFaults   = slices.Concat(verifyFaults, verifyAdminFaults)
 )
 
 type verifyOptions struct {
@@ -131,11 +132,11 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	if *faults != "none" {
 		for _, f := range strings.Split(*faults, ",") {
 			if !slices.Contains(verifyFaults, f) && !slices.Contains(verifyAdminFaults, f) {
-				return c.usageError("unknown fault %q: %s or none", f, strings.Join(append(slices.Clone(verifyFaults), verifyAdminFaults...), ", "))
+				return c.usageError("unknown fault %q: %s or none", f, strings.Join(verifyAllFaults, ", "))
 			}
 			if f == "close-broker" || f == "broker-outage" {
 				if _, err := rabbitmqctl(); err != nil {
-					return c.usageError("--faults close-broker: %v", err)
+					return c.usageError("--faults %s: %v", f, err)
 				}
 			}
 			o.faults = append(o.faults, f)

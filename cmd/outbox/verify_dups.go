@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -26,8 +27,9 @@ type dupReport struct {
 	// ByFault counts the duplicates per fault kind: the first fault that
 	// was not over before the message's first delivery (less dupSlack)
 	// and had begun before its duplicate came, the one that found the
-	// message published and not yet marked. "consumer" counts redeliveries to verify's own consumer
-	// (its ack was lost), "none" duplicates no fault explains.
+	// message published and not yet marked. "consumer" counts
+	// redeliveries to verify's own consumer (its ack was lost), "none"
+	// duplicates no fault explains.
 	ByFault map[string]int `json:"by_fault"`
 	// PerFault is ByFault divided by the faults of that kind injected.
 	PerFault map[string]float64 `json:"per_fault"`
@@ -80,7 +82,7 @@ func dupsBy(dups []duplicate, log []faultEvent, counts map[string]int, lease tim
 	}
 	for f, n := range r.ByFault {
 		if c := counts[f]; c > 0 {
-			r.PerFault[f] = float64(int(float64(n)/float64(c)*10+0.5)) / 10
+			r.PerFault[f] = math.Round(float64(n)/float64(c)*10) / 10
 		}
 		g := gaps[f]
 		slices.Sort(g)

@@ -150,15 +150,20 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 		}
 		args = append(args, "--debug")
 	}
-	g := &relayGroup{procs: make([]*os.Process, v.o.relays)}
-	for i := range v.o.relays {
-		g.wg.Add(1)
-		var logFile *os.File // one per relay, across its restarts
-		if v.o.relayLogs != "" {
-			if logFile, err = os.OpenFile(filepath.Join(v.o.relayLogs, fmt.Sprintf("relay-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+	logs := make([]*os.File, v.o.relays) // one per relay, across its restarts
+	if v.o.relayLogs != "" {
+		for i := range logs {
+			if logs[i], err = os.OpenFile(filepath.Join(v.o.relayLogs, fmt.Sprintf("relay-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+				for _, f := range logs[:i] {
+					f.Close()
+				}
 				return nil, err
 			}
 		}
+	}
+	g := &relayGroup{procs: make([]*os.Process, v.o.relays)}
+	for i, logFile := range logs {
+		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
 			if logFile != nil {
@@ -168,14 +173,14 @@ func (v *verifier) startRelays(ctx context.Context, dbURL, amqpURL string) (*rel
 				cmd := exec.Command(exe, args...)
 				cmd.SysProcAttr = childAttr()
 				cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "AMQP_URL="+amqpURL)
-				if logFile != nil {
-					fmt.Fprintf(logFile, "time=%s verify: starting relay %d\n", time.Now().Format(time.RFC3339Nano), i)
-					cmd.Stderr = logFile
-				}
 				g.mu.Lock()
 				if g.stopped {
 					g.mu.Unlock()
 					return
+				}
+				if logFile != nil {
+					fmt.Fprintf(logFile, "time=%s verify: starting relay %d\n", time.Now().Format(time.RFC3339Nano), i)
+					cmd.Stderr = logFile
 				}
 				err := cmd.Start()
 				if err == nil {

@@ -50,7 +50,7 @@ func (v *verifier) progress(start time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var faults []string
-	for _, f := range append(slices.Clone(verifyFaults), verifyAdminFaults...) {
+	for _, f := range verifyAllFaults {
 		if n := v.faults[f]; n > 0 {
 			faults = append(faults, fmt.Sprintf("%s %d", f, n))
 		}
@@ -183,7 +183,7 @@ func (v *verifier) print(r *verifyReport) {
 		fmt.Fprintf(w, "  inbox: %d effects; missing %d, phantom %d, applied more than once %d\n", r.Inbox.Effects, r.Inbox.Missing, r.Inbox.Phantom, r.Inbox.AppliedMore)
 	}
 	var faults []string
-	for _, f := range append(slices.Clone(verifyFaults), verifyAdminFaults...) {
+	for _, f := range verifyAllFaults {
 		if n, ok := r.Faults[f]; ok || slices.Contains(verifyFaults, f) {
 			faults = append(faults, fmt.Sprintf("%s %d", f, n))
 		}

@@ -103,7 +103,9 @@ func (v *verifier) consume(ctx context.Context) (func(), error) {
 			}
 			// The broker went away: come back as soon as it answers.
 			for delay := 100 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-				if ch, err = v.consumeOnce(cctx); err == nil {
+				next, err := v.consumeOnce(cctx)
+				if err == nil {
+					ch = next
 					current.Store(ch.conn)
 					break
 				}
@@ -205,9 +207,6 @@ func (v *verifier) quiet() *slog.Logger {
 // transactions, never by cancelling one: a COMMIT cut short by a context
 // may still land on the server after the writer gave up on it.
 func (v *verifier) write(ctx context.Context, store *outbox.Store, end time.Time) error {
-	if v.o.writers == 1 {
-		return v.writeShare(ctx, store, end, 0)
-	}
 	g, gctx := errgroup.WithContext(ctx)
 	for w := range v.o.writers {
 		g.Go(func() error { return v.writeShare(gctx, store, end, w) })

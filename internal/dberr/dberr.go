@@ -1,6 +1,6 @@
 // Package dberr classifies the errors of the databases the outbox runs on,
 // so that no caller reads a driver's codes itself: PostgreSQL's SQLSTATE
-// (pgx, lib/pq: any error with a SQLState method) and the error numbers of
+// (pgx, lib/pq: read by package pgerr) and the error numbers of
 // MySQL and MariaDB (go-sql-driver/mysql's *mysql.MySQLError). An error of
 // neither is Other.
 package dberr
@@ -9,6 +9,8 @@ import (
 	"errors"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/acemq/outbox/internal/pgerr"
 )
 
 // Kind is what a database error means to the outbox.
@@ -32,39 +34,20 @@ const (
 	Terminated            // an administrator or a shutdown ended the session
 )
 
-// Retriable reports whether running the same statement again, on another
-// connection, may succeed without anyone changing anything.
-func (k Kind) Retriable() bool {
-	switch k {
-	case LockNotAvailable, Deadlock, Serialization, Terminated:
-		return true
-	}
-	return false
-}
-
 // Database says which server an error came from: "PostgreSQL", "MySQL"
 // (MySQL or MariaDB) or "" for neither.
 func Database(err error) string {
 	switch {
-	case State(err) != "":
+	case pgerr.State(err) != "":
 		return "PostgreSQL"
-	case Number(err) != 0:
+	case number(err) != 0:
 		return "MySQL"
 	}
 	return ""
 }
 
-// State returns PostgreSQL's SQLSTATE of err, or "".
-func State(err error) string {
-	var st interface{ SQLState() string }
-	if errors.As(err, &st) {
-		return st.SQLState()
-	}
-	return ""
-}
-
-// Number returns MySQL's (or MariaDB's) error number of err, or 0.
-func Number(err error) uint16 {
+// number returns MySQL's (or MariaDB's) error number of err, or 0.
+func number(err error) uint16 {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		return me.Number
@@ -77,10 +60,10 @@ func Classify(err error) Kind {
 	if err == nil {
 		return Other
 	}
-	if s := State(err); s != "" {
+	if s := pgerr.State(err); s != "" {
 		return postgres[s]
 	}
-	if n := Number(err); n != 0 {
+	if n := number(err); n != 0 {
 		return mysqlNumbers[n]
 	}
 	return Other

@@ -16,28 +16,27 @@ import (
 // by the codes their drivers carry; an error of neither is Other.
 func TestClassify(t *testing.T) {
 	for _, c := range []struct {
-		err       error
-		kind      dberr.Kind
-		db        string
-		retriable bool
+		err  error
+		kind dberr.Kind
+		db   string
 	}{
-		{&pgconn.PgError{Code: "42P01"}, dberr.NoTable, "PostgreSQL", false},
-		{&pgconn.PgError{Code: "28P01"}, dberr.Credentials, "PostgreSQL", false},
-		{&pgconn.PgError{Code: "3F000"}, dberr.NoSchema, "PostgreSQL", false},
-		{&pgconn.PgError{Code: "25006"}, dberr.ReadOnly, "PostgreSQL", false},
-		{&pgconn.PgError{Code: "57P01"}, dberr.Terminated, "PostgreSQL", true},
-		{&pgconn.PgError{Code: "40P01"}, dberr.Deadlock, "PostgreSQL", true},
-		{&pgconn.PgError{Code: "22P02"}, dberr.Other, "PostgreSQL", false},
-		{&mysql.MySQLError{Number: 1146, Message: "Table 'test.x' doesn't exist"}, dberr.NoTable, "MySQL", false},
-		{&mysql.MySQLError{Number: 1045}, dberr.Credentials, "MySQL", false},
-		{&mysql.MySQLError{Number: 1205}, dberr.LockNotAvailable, "MySQL", true},
-		{&mysql.MySQLError{Number: 1213}, dberr.Deadlock, "MySQL", true},
-		{&mysql.MySQLError{Number: 1290}, dberr.ReadOnly, "MySQL", false},
-		{&mysql.MySQLError{Number: 1792}, dberr.ReadOnly, "MySQL", false},
-		{&mysql.MySQLError{Number: 1062}, dberr.Duplicate, "MySQL", false},
-		{&mysql.MySQLError{Number: 1064}, dberr.Other, "MySQL", false},
-		{errors.New("connection refused"), dberr.Other, "", false},
-		{nil, dberr.Other, "", false},
+		{&pgconn.PgError{Code: "42P01"}, dberr.NoTable, "PostgreSQL"},
+		{&pgconn.PgError{Code: "28P01"}, dberr.Credentials, "PostgreSQL"},
+		{&pgconn.PgError{Code: "3F000"}, dberr.NoSchema, "PostgreSQL"},
+		{&pgconn.PgError{Code: "25006"}, dberr.ReadOnly, "PostgreSQL"},
+		{&pgconn.PgError{Code: "57P01"}, dberr.Terminated, "PostgreSQL"},
+		{&pgconn.PgError{Code: "40P01"}, dberr.Deadlock, "PostgreSQL"},
+		{&pgconn.PgError{Code: "22P02"}, dberr.Other, "PostgreSQL"},
+		{&mysql.MySQLError{Number: 1146, Message: "Table 'test.x' doesn't exist"}, dberr.NoTable, "MySQL"},
+		{&mysql.MySQLError{Number: 1045}, dberr.Credentials, "MySQL"},
+		{&mysql.MySQLError{Number: 1205}, dberr.LockNotAvailable, "MySQL"},
+		{&mysql.MySQLError{Number: 1213}, dberr.Deadlock, "MySQL"},
+		{&mysql.MySQLError{Number: 1290}, dberr.ReadOnly, "MySQL"},
+		{&mysql.MySQLError{Number: 1792}, dberr.ReadOnly, "MySQL"},
+		{&mysql.MySQLError{Number: 1062}, dberr.Duplicate, "MySQL"},
+		{&mysql.MySQLError{Number: 1064}, dberr.Other, "MySQL"},
+		{errors.New("connection refused"), dberr.Other, ""},
+		{nil, dberr.Other, ""},
 	} {
 		err := c.err
 		if err != nil {
@@ -45,6 +44,5 @@ func TestClassify(t *testing.T) {
 		}
 		require.Equal(t, c.kind, dberr.Classify(err), "%v", err)
 		require.Equal(t, c.db, dberr.Database(err), "%v", err)
-		require.Equal(t, c.retriable, dberr.Classify(err).Retriable(), "%v", err)
 	}
 }
