@@ -160,6 +160,12 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 // event's ID already written) with ErrDuplicateID, and explains a pooler in
 // the way.
 func (s *Store) explainWrite(err error) error {
+	if s.be != nil {
+		if id, ok := s.be.DuplicateID(err); ok {
+			return fmt.Errorf("%w: %s is already in %s: %w", ErrDuplicateID, id, s.t.full, err)
+		}
+		return err
+	}
 	switch pgerr.State(err) {
 	case "23505":
 		// The DETAIL of a unique violation names the key: "Key (id)=(…)
@@ -186,7 +192,7 @@ var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 // takes them if the table is ordered, and learns that it is not for a while.
 func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	ordered := s.ordering == OrderedByKey
-	if !ordered && (len(evts) < 2 || s.knownUnordered()) {
+	if !ordered && (len(evts) < 2 || s.knownUnordered() || s.be != nil) {
 		return nil // the common write of an unordered store: nothing to gather
 	}
 	var keys []string
@@ -409,6 +415,9 @@ func validText(s string) bool {
 // insertSQL returns the INSERT statement for n rows, built once per n so that
 // drivers and pools that prepare statements see a small, fixed set of texts.
 func (s *Store) insertSQL(n int) string {
+	if s.be != nil {
+		return s.be.InsertSQL(n)
+	}
 	s.insMu.Lock()
 	defer s.insMu.Unlock()
 	if q := s.inserts[n]; q != "" {

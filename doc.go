@@ -1,4 +1,5 @@
-// Package outbox is a transactional outbox for PostgreSQL: domain events are
+// Package outbox is a transactional outbox for PostgreSQL, MySQL and
+// MariaDB (see [Database]): domain events are
 // written into an outbox table in the same database transaction as the change
 // they describe, and a relay publishes them to a message broker afterwards.
 //
@@ -122,6 +123,15 @@
 // back; use it. [LayoutRows] ([RowsSchema], [Store.CreateRowsSchemaIfAbsent])
 // keeps one row per message and updates it as the message moves on.
 // [Store.ConvertToLog] turns the second into the first, online.
+//
+// On MySQL and MariaDB ([MySQL], told from the pool's driver or
+// [StoreConfig.Database]) a table has one layout, [LayoutRows], and is
+// unordered ([MySQLSchema] for its DDL, `outbox schema --database-url
+// mysql://…`): a claim locks the ready rows in the order written, FOR
+// UPDATE SKIP LOCKED at READ COMMITTED, and writes its lease into them in
+// one short transaction; marks are fenced by the claim as on PostgreSQL. A
+// relay in another process finds new events by polling: it claims at most
+// every relay.Config.PollInterval while idle (100ms by default).
 //
 // How the log layout hands out events: each event carries the id of the
 // transaction that wrote it (tx). A claim takes a window of transactions,

@@ -58,12 +58,12 @@ var (
 	ErrOrderingUnsafe = errors.New("outbox: the table cannot keep per-key order")
 
 	// ErrUnsupportedDatabase is returned, wrapped with what was found, when
-	// the library is given a database other than PostgreSQL, the only one
-	// it supports: NewStore with a *sql.DB whose driver it can tell is
-	// another's (MySQL's go-sql-driver/mysql, say), gormoutbox's
-	// Plugin.Initialize on a GORM dialector other than postgres, and
-	// entoutbox's hook on an ent driver of another dialect. MySQL and
-	// MariaDB are not supported yet.
+	// the library is given a database other than PostgreSQL, MySQL and
+	// MariaDB, the ones it supports: NewStore with a *sql.DB whose driver
+	// it can tell is another's (SQLite's, say), gormoutbox's
+	// Plugin.Initialize on another GORM dialector, and entoutbox's hook on
+	// an ent driver of another dialect; and when a Store on MySQL is asked
+	// for what only PostgreSQL has (ordered tables, the log layout).
 	ErrUnsupportedDatabase = dialect.ErrUnsupported
 )
 

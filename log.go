@@ -591,6 +591,9 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.be != nil {
+		return backendOps{s}.errNotOnBackend("creating a table of the log layout")
+	}
 	if err := s.t.checkNotSide(ctx, db); err != nil {
 		return err
 	}
@@ -661,6 +664,10 @@ func (s *Store) layout(ctx context.Context) (Layout, *logStore, error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, nil, err
+	}
+	if s.be != nil {
+		l, err := backendOps{s}.layout(ctx, db)
+		return l, nil, err
 	}
 	s.layoutMu.Lock()
 	defer s.layoutMu.Unlock()

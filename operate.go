@@ -242,6 +242,9 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.be != nil { // one kind of table, created as MySQLSchema says
+		return backendOps{s}.createRowsSchema(ctx, db)
+	}
 	var exists bool
 	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", s.t.quoted).Scan(&exists); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
@@ -375,7 +378,7 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 // of NotifySchema, without which LISTEN wakes nothing.
 func (s *Store) HasNotifyTrigger(ctx context.Context) (bool, error) {
 	db, err := s.pool()
-	if err != nil {
+	if err != nil || s.be != nil { // LISTEN/NOTIFY is PostgreSQL's
 		return false, err
 	}
 	var ok bool

@@ -47,6 +47,9 @@ type layoutOps interface {
 	// orderColumn is the column that numbers a key's messages in their
 	// order on an ordered table.
 	orderColumn() string
+	// readOrder reads the table's order (see Store.readOrderOf) and
+	// records its mode.
+	readOrder(ctx context.Context, db *sql.DB) (tableOrder, error)
 	convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error)
 	// createRowsSchema is CreateRowsSchemaIfAbsent: the rows layout's DDL
 	// applied, nothing on another layout.
@@ -57,6 +60,9 @@ type layoutOps interface {
 // ops returns the operations of the table's layout, read from the table
 // (once, see Store.layout).
 func (s *Store) ops(ctx context.Context) (layoutOps, error) {
+	if s.be != nil {
+		return backendOps{s}, nil
+	}
 	ls, err := s.logged(ctx)
 	switch {
 	case err != nil:
@@ -262,6 +268,10 @@ func (r rowsOps) purgeable(ctx context.Context, db *sql.DB, olderThan time.Durat
 
 func (rowsOps) orderColumn() string { return "seq" }
 
+func (r rowsOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
+	return r.readOrderOf(ctx, db, "seq")
+}
+
 // convertOrdering (order_table.go), createRowsSchema (operate.go) and
 // convertToLog (log_convert.go) are beside the Store methods they serve.
 
@@ -310,6 +320,10 @@ func (l logOps) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, 
 }
 
 func (logOps) orderColumn() string { return "ord" }
+
+func (l logOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
+	return l.s.readOrderOf(ctx, db, "ord")
+}
 
 func (l logOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
 	return l.s.convertLogOrdering(ctx, db, l.logStore, to, dryRun, lockTimeout)

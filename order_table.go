@@ -283,7 +283,11 @@ func (s *Store) TableOrdering(ctx context.Context) (Ordering, error) {
 	if err != nil {
 		return Unordered, err
 	}
-	o, err := s.readOrder(ctx, db)
+	ops, err := s.ops(ctx)
+	if err != nil {
+		return Unordered, err
+	}
+	o, err := ops.readOrder(ctx, db)
 	if err != nil || !o.ordered {
 		return Unordered, err
 	}
@@ -312,7 +316,7 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 		return err
 	}
 	column := ops.orderColumn()
-	o, err := s.readOrderOf(ctx, db, column)
+	o, err := ops.readOrder(ctx, db)
 	switch {
 	case err != nil:
 		return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/dialect"
 )
 
@@ -106,6 +107,13 @@ type StoreConfig struct {
 	// message, however large. Defaults to 64 MiB.
 	BatchMaxBytes int64
 
+	// Database is the database the table is in, for a Store that cannot
+	// tell from its pool: one made with NewStore(nil, …) to write only,
+	// as the ORM plugins make it. A Store with a pool speaks the database
+	// of the pool's driver (go-sql-driver/mysql's: MySQL), and a Database
+	// that says otherwise is an error. Defaults to PostgreSQL.
+	Database Database
+
 	// Headers adds headers to every written event, taken from the writer's
 	// context (trace context, tenant, …). Defaults to none.
 	Headers HeaderFunc
@@ -143,8 +151,8 @@ type StoreConfig struct {
 	Table string
 }
 
-// Store is an outbox kept in a PostgreSQL table, in the same database as the
-// data whose changes it announces.
+// Store is an outbox kept in a table of PostgreSQL, MySQL or MariaDB (see
+// Database), in the same database as the data whose changes it announces.
 //
 // A Store has two sources of connections, on purpose. Add writes through the
 // transaction the caller passes in and nothing else, so an event commits or
@@ -167,6 +175,9 @@ type Store struct {
 	ordering      Ordering
 	newID         func() (uuid.UUID, error) // uuid.NewV7; tests skew its clock
 
+	database Database
+	be       backend.Backend // the table's backend on a database other than PostgreSQL, else nil
+
 	q, qo queries // the statements of unordered and of ordered mode
 	tm    tableMode
 	layoutState
@@ -177,21 +188,33 @@ type Store struct {
 // NewStore returns a Store on the table that cfg names. db is the relay's own
 // pool: it is never used by Add. It may be nil for a Store that only writes
 // (as the ORM plugins do); the relay-side methods then return ErrNoPool.
-// NewStore does not touch the database. It refuses, with an error wrapping
-// ErrUnsupportedDatabase, a db whose driver is known to be another
-// database's than PostgreSQL (MySQL's go-sql-driver/mysql, say).
+// NewStore does not touch the database. The store speaks the database of
+// db's driver (go-sql-driver/mysql's: MySQL; any other: PostgreSQL), or,
+// without a pool, StoreConfig.Database's. It refuses, with an error
+// wrapping ErrUnsupportedDatabase, a db whose driver is known to be
+// another database's (SQLite's, SQL Server's), and an ordered store on
+// MySQL.
 func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 	if cfg == nil {
 		cfg = &StoreConfig{}
 	}
+	var spoken string
 	if db != nil {
-		if err := dialect.Check("outbox: NewStore", "the *sql.DB's driver speaks", dialect.OfDriver(db.Driver())); err != nil {
+		var err error
+		if spoken, err = dialect.Check("outbox: NewStore", "the *sql.DB's driver speaks", dialect.OfDriver(db.Driver())); err != nil {
 			return nil, err
 		}
+	}
+	database, err := chooseDatabase(db, cfg.Database, spoken)
+	if err != nil {
+		return nil, err
 	}
 	t, err := parseTable(cmp.Or(cfg.Table, TableDefault))
 	if err != nil {
 		return nil, err
+	}
+	if database == MySQL && cfg.Ordering == OrderedByKey {
+		return nil, fmt.Errorf("outbox: NewStore: %w: StoreConfig.Ordering is OrderedByKey, and ordered tables are on PostgreSQL only so far; on MySQL and MariaDB tables are unordered", ErrUnsupportedDatabase)
 	}
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("outbox: StoreConfig.MaxAttempts must not be negative (got %d)", cfg.MaxAttempts)
@@ -217,6 +240,8 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		router:        cfg.Router,
 		ordering:      cfg.Ordering,
 		newID:         uuid.NewV7,
+		database:      database,
+		be:            newBackend(database, t),
 		q:             newQueries(t, false),
 		qo:            newQueries(t, true),
 	}

@@ -31,6 +31,12 @@ type Config struct {
 	// shorthand for a store of the hook's own.
 	Store *outbox.Store
 
+	// Database is the database the ent client speaks: outbox.PostgreSQL
+	// (the default) or outbox.MySQL (MySQL and MariaDB, ent's
+	// dialect.MySQL). A mutation whose dialect is another one's is
+	// refused before it runs.
+	Database outbox.Database
+
 	// Headers adds headers taken from the mutation's context to every
 	// event, for example the W3C trace context. Defaults to none.
 	Headers outbox.HeaderFunc
@@ -97,11 +103,11 @@ func New(cfg *Config) (*Outbox, error) {
 	}
 	store := cfg.Store
 	switch {
-	case store != nil && (cfg.Table != "" || cfg.Router != nil || cfg.Headers != nil || cfg.Ordering != outbox.Unordered):
-		return nil, errors.New("entoutbox: Config.Store is set: leave Table, Router, Headers and Ordering empty, the store's configuration is the one")
+	case store != nil && (cfg.Table != "" || cfg.Router != nil || cfg.Headers != nil || cfg.Ordering != outbox.Unordered || cfg.Database != 0):
+		return nil, errors.New("entoutbox: Config.Store is set: leave Table, Router, Headers, Ordering and Database empty, the store's configuration is the one")
 	case store == nil:
 		var err error
-		if store, err = outbox.NewStore(nil, &outbox.StoreConfig{Table: cfg.Table, Router: cfg.Router, Headers: cfg.Headers, Ordering: cfg.Ordering}); err != nil {
+		if store, err = outbox.NewStore(nil, &outbox.StoreConfig{Table: cfg.Table, Router: cfg.Router, Headers: cfg.Headers, Ordering: cfg.Ordering, Database: cfg.Database}); err != nil {
 			return nil, fmt.Errorf("entoutbox: %w", err)
 		}
 	}
@@ -234,9 +240,10 @@ type txer[TX any] interface {
 // A mutation that would carry events (from WithEvents or a rule) but runs
 // outside a transaction fails with outbox.ErrNoTransaction before it writes
 // anything; so does a mutation of code generated without the sql/execquery
-// feature, with ErrNoExecContext, and one whose driver is not PostgreSQL's
-// (entsql.OpenDB(dialect.MySQL, …), say), with an error wrapping
-// outbox.ErrUnsupportedDatabase: MySQL and MariaDB are not supported yet.
+// feature, with ErrNoExecContext; one whose dialect is neither
+// PostgreSQL's nor MySQL's with an error wrapping
+// outbox.ErrUnsupportedDatabase, and one whose dialect is not the store's
+// (Config.Database) with an error that says so.
 // Mutations without events pass through untouched, in or out of a
 // transaction.
 func Hook[TX any](o *Outbox) ent.Hook {
@@ -247,7 +254,7 @@ func Hook[TX any](o *Outbox) ent.Hook {
 			if len(rules) == 0 && !h.Pending() {
 				return next.Mutate(ctx, m)
 			}
-			if err := dialect.Check(fmt.Sprintf("entoutbox: %s %s", m.Type(), m.Op()), "ent dialect", dialect.OfEnt(m)); err != nil {
+			if err := o.checkDialect(fmt.Sprintf("entoutbox: %s %s", m.Type(), m.Op()), m); err != nil {
 				return nil, err // before the mutation: nothing is written
 			}
 			if _, ok := m.(outbox.Execer); !ok {
@@ -379,11 +386,21 @@ func (o *Outbox) Publish(ctx context.Context, tx outbox.Execer, evts ...outbox.E
 	if _, ok := tx.(committer); !ok {
 		return fmt.Errorf("%w (entoutbox: Publish needs the *ent.Tx of client.Tx, got %T)", outbox.ErrNoTransaction, tx)
 	}
-	if err := dialect.Check("entoutbox: Publish", "ent dialect", dialect.OfEnt(tx)); err != nil {
+	if err := o.checkDialect("entoutbox: Publish", tx); err != nil {
 		return err
 	}
 	if err := o.store.Add(ctx, tx, evts...); err != nil {
 		return fmt.Errorf("entoutbox: %w", err)
 	}
 	return nil
+}
+
+// checkDialect refuses a database the library does not support, and one
+// that is not the store's.
+func (o *Outbox) checkDialect(who string, v any) error {
+	spoken, err := dialect.Check(who, "ent dialect", dialect.OfEnt(v))
+	if err != nil {
+		return err
+	}
+	return dialect.Same(who, "ent dialect", spoken, o.store.Database() == outbox.MySQL)
 }

@@ -101,18 +101,25 @@ var _ gorm.Plugin = (*Plugin)(nil)
 // Name returns PluginName.
 func (p *Plugin) Name() string { return PluginName }
 
-// Initialize registers the plugin's callbacks. db.Use calls it. It
-// refuses a database other than PostgreSQL (a dialector whose Name is not
-// "postgres": gorm.io/driver/mysql's, say) with an error wrapping
-// outbox.ErrUnsupportedDatabase, and registers nothing then.
+// Initialize registers the plugin's callbacks. db.Use calls it. The
+// plugin's own store speaks the dialector's database: PostgreSQL
+// (gorm.io/driver/postgres) or MySQL and MariaDB (gorm.io/driver/mysql).
+// It refuses another dialector with an error wrapping
+// outbox.ErrUnsupportedDatabase, and a Plugin.Store of the other database
+// with an error that says so, and registers nothing then.
 func (p *Plugin) Initialize(db *gorm.DB) error {
+	spoken := dialect.Unknown
 	if db.Dialector != nil {
-		if err := dialect.Check("gormoutbox: Plugin.Initialize", "GORM dialector", db.Dialector.Name()); err != nil {
+		var err error
+		if spoken, err = dialect.Check("gormoutbox: Plugin.Initialize", "GORM dialector", db.Dialector.Name()); err != nil {
 			return err
 		}
 	}
-	store, err := writerStore(p.Store, p.Table, p.Router, p.Headers, p.Ordering)
+	store, err := writerStore(p.Store, p.Table, p.Router, p.Headers, p.Ordering, spoken)
 	if err != nil {
+		return err
+	}
+	if err := dialect.Same("gormoutbox: Plugin.Initialize", "GORM dialector", spoken, store.Database() == outbox.MySQL); err != nil {
 		return err
 	}
 	if p.TxMode != BeginIfNeeded && p.TxMode != RequireTx {
@@ -352,14 +359,18 @@ func Attach(db *gorm.DB, evts ...outbox.Event) *gorm.DB {
 
 // writerStore returns store, or a store of the plugin's own built from the
 // shorthand fields; both at once is a mistake.
-func writerStore(store *outbox.Store, table string, router outbox.Router, headers outbox.HeaderFunc, ordering outbox.Ordering) (*outbox.Store, error) {
+func writerStore(store *outbox.Store, table string, router outbox.Router, headers outbox.HeaderFunc, ordering outbox.Ordering, spoken string) (*outbox.Store, error) {
 	if store != nil {
 		if table != "" || router != nil || headers != nil || ordering != outbox.Unordered {
 			return nil, errors.New("gormoutbox: Plugin.Store is set: leave Table, Router, Headers and Ordering empty, the store's configuration is the one")
 		}
 		return store, nil
 	}
-	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: table, Router: router, Headers: headers, Ordering: ordering})
+	database := outbox.PostgreSQL
+	if spoken == dialect.MySQL {
+		database = outbox.MySQL
+	}
+	store, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: table, Router: router, Headers: headers, Ordering: ordering, Database: database})
 	if err != nil {
 		return nil, fmt.Errorf("gormoutbox: %w", err)
 	}

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"os/exec"
 	"sync"
@@ -45,8 +46,17 @@ func TestHelperRelayProcess(t *testing.T) {
 	if os.Getenv("OUTBOX_HELPER_RELAY") != "1" {
 		t.Skip("helper process of TestRelayKilledMidBatch, runs only as its subprocess")
 	}
-	db := dbtest.NewDB(t)
+	var db *sql.DB
 	cfg := &outbox.StoreConfig{Table: os.Getenv("OUTBOX_HELPER_TABLE"), Logger: dbtest.Logger(t)}
+	if dsn := os.Getenv("OUTBOX_HELPER_MYSQL_DSN"); dsn != "" {
+		var err error
+		db, err = sql.Open("mysql", dsn)
+		require.NoError(t, err)
+		cfg.Table = ""
+		cfg.Router = outbox.ToExchange(os.Getenv("OUTBOX_HELPER_EXCHANGE"))
+	} else {
+		db = dbtest.NewDB(t)
+	}
 	if os.Getenv("OUTBOX_HELPER_ORDERED") == "1" {
 		cfg.Ordering = outbox.OrderedByKey
 	}
@@ -64,12 +74,20 @@ func TestHelperRelayProcess(t *testing.T) {
 // SIGKILLs it: no shutdown, no release.
 func startRelayProcess(t *testing.T, table string, ordered bool) (kill func()) {
 	t.Helper()
+	env := []string{"OUTBOX_HELPER_TABLE=" + table}
+	if ordered {
+		env = append(env, "OUTBOX_HELPER_ORDERED=1")
+	}
+	return startHelperRelay(t, env...)
+}
+
+// startHelperRelay runs TestHelperRelayProcess with env added to this
+// process's environment, and returns a function that SIGKILLs it.
+func startHelperRelay(t *testing.T, env ...string) (kill func()) {
+	t.Helper()
 	var out dbtest.Buffer
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "OUTBOX_HELPER_RELAY=1", "OUTBOX_HELPER_TABLE="+table)
-	if ordered {
-		cmd.Env = append(cmd.Env, "OUTBOX_HELPER_ORDERED=1")
-	}
+	cmd.Env = append(append(os.Environ(), "OUTBOX_HELPER_RELAY=1"), env...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	var once sync.Once

@@ -1,7 +1,7 @@
-// Package dialect tells the databases the library supports (PostgreSQL)
-// from those it does not, so that each entry point refuses the others at
-// once, with an error that says so, rather than at the first write with a
-// syntax error.
+// Package dialect tells the databases the library supports (PostgreSQL,
+// MySQL and MariaDB) from those it does not, so that each entry point
+// refuses the others at once, with an error that says so, rather than at
+// the first write with a syntax error, and knows which of its own it has.
 package dialect
 
 import (
@@ -14,18 +14,42 @@ import (
 // ErrUnsupported is outbox.ErrUnsupportedDatabase.
 var ErrUnsupported = errors.New("unsupported database")
 
-// Check returns nil when name, a GORM dialector's or ent's dialect name, is
-// PostgreSQL's, or is empty (not known), and otherwise an error wrapping
+// The databases Check tells apart.
+const (
+	Unknown  = ""         // not told (an empty name): taken as PostgreSQL by the callers
+	Postgres = "postgres" // PostgreSQL
+	MySQL    = "mysql"    // MySQL or MariaDB
+)
+
+// Check returns which supported database name, a GORM dialector's or
+// ent's dialect name or a driver's (OfDriver), is: Postgres, MySQL, or
+// Unknown for an empty name; for any other, an error wrapping
 // ErrUnsupported that says what is supported. who names the caller
-// ("gormoutbox: Plugin.Initialize") and what (`GORM dialector "mysql"`).
-func Check(who, what, name string) error {
+// ("gormoutbox: Plugin.Initialize") and what (`GORM dialector "sqlite"`).
+func Check(who, what, name string) (string, error) {
 	switch strings.ToLower(name) {
-	case "", "postgres", "postgresql", "pgx":
-		return nil
+	case "":
+		return Unknown, nil
+	case "postgres", "postgresql", "pgx":
+		return Postgres, nil
 	case "mysql", "mariadb":
-		return fmt.Errorf("%s: %w: the database is MySQL or MariaDB (%s %q): PostgreSQL is supported, MySQL and MariaDB are not yet", who, ErrUnsupported, what, name)
+		return MySQL, nil
 	}
-	return fmt.Errorf("%s: %w: %s %q is not PostgreSQL, the only database supported", who, ErrUnsupported, what, name)
+	return "", fmt.Errorf("%s: %w: %s %q is not PostgreSQL, MySQL or MariaDB, the databases supported", who, ErrUnsupported, what, name)
+}
+
+// Same returns nil when spoken, Check's answer, is Unknown or the
+// database a store keeps its table in (MySQL when mysql, else Postgres),
+// and an error that says they differ otherwise.
+func Same(who, what, spoken string, mysql bool) error {
+	want, name := Postgres, "PostgreSQL"
+	if mysql {
+		want, name = MySQL, "MySQL"
+	}
+	if spoken == Unknown || spoken == want {
+		return nil
+	}
+	return fmt.Errorf("%s: the outbox store's database is %s, and the %s is %q: configure the store with the database it writes to (outbox.StoreConfig.Database)", who, name, what, spoken)
 }
 
 // drivers maps the packages of database/sql drivers that are known not to

@@ -1,0 +1,102 @@
+// Package backend is the seam between package outbox's Store and the SQL
+// of one database: what a Store asks of the storage that keeps its table,
+// in types that belong to neither side. Store validates what it is given,
+// holds the neutral logic (events checked and encoded, headers decoded,
+// unfit rows parked, lost leases reported, backoff chosen) and dispatches
+// to the Backend chosen when the Store is made, by the database its pool
+// or its configuration names.
+//
+// A Backend's methods are the store's contract (../shared/seed): claims by
+// lease decided by the database (a message is in at most one live claim),
+// marks fenced by the claim that took the message, a failed attempt that
+// parks the message at the last one, bounded purges. A Backend never
+// retries on its own: its errors go back to the relay, which classifies
+// them (package dberr) and backs off.
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// Row is one message as a backend reads it.
+type Row struct {
+	ID                                   string
+	Seq                                  int64
+	EventType, Key, Exchange, RoutingKey string
+	Payload                              []byte
+	ContentType                          string
+	Headers                              []byte // a JSON object, as stored
+	CreatedAt, ClaimedUntil, ParkedAt    time.Time
+	Attempts                             int
+	LastError                            string
+	Claim                                string // the claim that returned it; "" when not claimed
+}
+
+// Counts are a table's messages by state, as Store.Stats and Store.Gauges
+// report them (see outbox.Stats): Ready + InFlight + Retrying + Held +
+// Parked is what is pending.
+type Counts struct {
+	Ready, InFlight, Retrying, Held, Parked int64
+	PublishedLastHour, BlockedKeys          int64
+	OldestPending, OldestReady              time.Duration
+}
+
+// Failure is what a failed attempt left: the attempts counted so far, and
+// whether that one parked the message.
+type Failure struct {
+	Attempts int
+	Parked   bool
+}
+
+// Backend keeps an outbox table in one database.
+type Backend interface {
+	// InsertSQL is the statement that writes n rows of the eight columns
+	// id, event_type, event_key, exchange, routing_key, payload,
+	// content_type, headers (a JSON object as text), bound in that order;
+	// built once per n.
+	InsertSQL(n int) string
+	// DuplicateID says whether err is a unique violation of the table's
+	// message ids, and the id when the server names it.
+	DuplicateID(err error) (id string, ok bool)
+
+	// SchemaSQL is the DDL that creates the table, idempotent; DropSQL
+	// drops it.
+	SchemaSQL() string
+	DropSQL() string
+	// Exists says whether the table is there.
+	Exists(ctx context.Context, db *sql.DB) (bool, error)
+
+	// Claim takes up to n ready messages, in the order they were written,
+	// for lease, and no more of them than keep the bytes of the payloads
+	// and headers before the last one under maxBytes (one, however
+	// large). Each message is in at most one live claim.
+	Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64) ([]Row, error)
+	// Settle marks published (or releases) the messages of seqs that claim
+	// still holds, and returns those it marked: the others' leases were
+	// lost.
+	Settle(ctx context.Context, db *sql.DB, published bool, claim string, seqs []int64) (done []int64, err error)
+	// Fail counts a failed attempt at the message of seq that claim still
+	// holds: it waits delay, or is parked when the attempts reach
+	// maxAttempts. ok is false when the claim was lost.
+	Fail(ctx context.Context, db *sql.DB, seq int64, claim, reason string, delay time.Duration, maxAttempts int) (f Failure, ok bool, err error)
+
+	// Pending counts the messages not published yet, all of them.
+	Pending(ctx context.Context, db *sql.DB) (int64, error)
+	// Counts reads the table's messages by state, each count stopping at
+	// limit (0: no limit, and PublishedLastHour is read too).
+	Counts(ctx context.Context, db *sql.DB, limit int64) (Counts, error)
+	// Parked lists up to limit parked messages, the latest parked first.
+	Parked(ctx context.Context, db *sql.DB, limit int) ([]Row, error)
+	// ChangeParked retries (or discards) the parked messages among ids,
+	// every parked message when ids is nil (retry only), and returns how
+	// many it changed.
+	ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
+	// Purge deletes published messages older than olderThan, by the
+	// database's clock, in statements of at most batch rows, calling
+	// progress after each.
+	Purge(ctx context.Context, db *sql.DB, olderThan time.Duration, batch int, progress func(int64)) (int64, error)
+	// Purgeable counts what Purge would delete.
+	Purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error)
+}
