@@ -16,6 +16,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dberr"
 	"github.com/acemq/outbox/internal/pgerr"
 	"github.com/acemq/outbox/internal/redact"
 )
@@ -317,7 +318,13 @@ func (c *common) open(ctx context.Context, cfg *outbox.StoreConfig) (*sql.DB, *o
 // never show the password.
 func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 	if c.databaseURL == "" {
-		return nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app)")
+		return nil, errors.New("no database: set DATABASE_URL or pass --database-url (e.g. postgres://user@localhost:5432/app, or mysql://user@localhost:3306/app for MySQL and MariaDB)")
+	}
+	if dsn, ok, err := mysqlDSN(c.databaseURL); ok {
+		if err != nil {
+			return nil, err
+		}
+		return c.ping(ctx, "mysql", dsn, "MySQL/MariaDB")
 	}
 	// pgx's own message quotes the string, or the start of a password
 	// cut at a '/', '#' or '?': say only what kind of problem it is. pgx's
@@ -327,7 +334,12 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 	if _, err := pgx.ParseConfig(c.databaseURL); err != nil {
 		return nil, fmt.Errorf("the database URL (%s) is not a valid PostgreSQL URL or keyword/value string: %s", redactDSN(c.databaseURL), redact.Reason(err))
 	}
-	db, err := sql.Open("pgx", c.databaseURL)
+	return c.ping(ctx, "pgx", c.databaseURL, "PostgreSQL")
+}
+
+// ping opens a pool of driver on dsn and checks that the server answers.
+func (c *common) ping(ctx context.Context, driver, dsn, server string) (*sql.DB, error) {
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database URL %s: %s", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
 	}
@@ -335,14 +347,29 @@ func (c *common) openDB(ctx context.Context) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s\nCheck that the server runs and DATABASE_URL is right", redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
+		return nil, fmt.Errorf("cannot reach %s at %s: %s\nCheck that the server runs and DATABASE_URL is right", server, redactDSN(c.databaseURL), c.secrets.scrub(err.Error()))
 	}
 	return db, nil
+}
+
+// onMySQL reports whether the command's database is MySQL or MariaDB.
+func (c *common) onMySQL() bool {
+	_, ok, _ := mysqlDSN(c.databaseURL)
+	return ok
 }
 
 // explain turns a missing table or column into advice. The state is the
 // server's, or the store's own (a table Store.Layout found missing).
 func (c *common) explain(err error) error {
+	if dberr.Database(err) == "MySQL" {
+		switch dberr.Classify(err) {
+		case dberr.NoTable:
+			return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations", c.table, c.table)
+		case dberr.NoColumn:
+			return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`", c.table, err, c.table)
+		}
+		return err
+	}
 	switch pgerr.State(err) {
 	case "42P01":
 		return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)

@@ -210,6 +210,9 @@ func cmdSchema(ctx context.Context, x *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
+	if c.onMySQL() {
+		return c.mysqlSchema(ctx, *apply, *layout, *orderedTable, *notify)
+	}
 	var (
 		ddl  string
 		err  error
@@ -388,6 +391,37 @@ func (c *common) printOrApply(ctx context.Context, ddl string, apply bool) error
 	defer db.Close()
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
 		return fmt.Errorf("creating %s: %w%s", c.table, err, outbox.DuplicateIDsAdvice(c.table, err))
+	}
+	fmt.Fprintf(c.stdout, "table %s is ready\n", c.table)
+	return nil
+}
+
+// mysqlSchema is `outbox schema` on MySQL or MariaDB: one layout, rows,
+// unordered, without NOTIFY.
+func (c *common) mysqlSchema(ctx context.Context, apply bool, layout string, ordered, notify bool) error {
+	switch {
+	case layout != "" && layout != "rows":
+		return c.usageError("--layout %s: on MySQL and MariaDB a table has the rows layout only (leave --layout out)", layout)
+	case ordered:
+		return c.usageError("--ordered: ordered tables are on PostgreSQL only so far")
+	case notify:
+		return c.usageError("--notify: LISTEN/NOTIFY is PostgreSQL's; on MySQL and MariaDB relays poll (--poll-interval)")
+	}
+	ddl, err := outbox.MySQLSchema(c.table)
+	if err != nil {
+		return err
+	}
+	if !apply {
+		_, err := fmt.Fprint(c.stdout, ddl)
+		return err
+	}
+	db, store, err := c.open(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
+		return err
 	}
 	fmt.Fprintf(c.stdout, "table %s is ready\n", c.table)
 	return nil

@@ -150,6 +150,9 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 		BatchSize: *batch, MaxInFlight: *inFlight, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
 		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
 	}
+	if *notify && c.onMySQL() {
+		return c.usageError("--notify: LISTEN/NOTIFY is PostgreSQL's; on MySQL and MariaDB the relay polls every --poll-interval")
+	}
 	if *notify {
 		ok, err := store.HasNotifyTrigger(ctx)
 		if err != nil {

@@ -30,6 +30,11 @@ var kvPassword = regexp.MustCompile(`(?i)((?:^|\s)(?:ssl)?password\s*=\s*)('(?:[
 // query parameter, a password= keyword; raw and decoded.
 func dsnSecrets(s string) []string {
 	var out []string
+	if isMySQLDSN(s) {
+		if p, _, ok := mysqlDSNPassword(s); ok {
+			out = append(out, p)
+		}
+	}
 	if i := strings.Index(s, "://"); i >= 0 {
 		if j := strings.LastIndex(s, "@"); j > i {
 			if k := strings.Index(s[i+3:j], ":"); k >= 0 {
@@ -98,6 +103,12 @@ func passwordParam(raw string) bool {
 // cannot be parsed (the parts of a malformed URL cannot be told apart: a
 // password holding a '/' looks like a host and a path).
 func redactDSN(s string) string {
+	if isMySQLDSN(s) {
+		if p, start, ok := mysqlDSNPassword(s); ok && p != "" {
+			return s[:start] + redacted + s[start+len(p):]
+		}
+		return s
+	}
 	if strings.Contains(s, "://") {
 		u, err := url.Parse(s)
 		if err != nil {
@@ -120,7 +131,7 @@ func redactDSN(s string) string {
 // looksLikeDSN reports whether s, given where a table name or a message
 // id goes, is a connection string, which must not be echoed.
 func looksLikeDSN(s string) bool {
-	return strings.Contains(s, "://") || kvPassword.MatchString(s) || kvKeyword.MatchString(s)
+	return strings.Contains(s, "://") || isMySQLDSN(s) || kvPassword.MatchString(s) || kvKeyword.MatchString(s)
 }
 
 // kvKeyword finds a keyword of a keyword/value connection string.

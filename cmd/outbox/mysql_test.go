@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/amqptest"
+	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/internal/mysqltest"
+)
+
+// mysqlURL returns the mysql:// URL of a database of the test's own.
+func mysqlURL(t *testing.T) (string, *sql.DB) {
+	t.Helper()
+	dsn := mysqltest.DSN(t)
+	db, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	var name string
+	require.NoError(t, db.QueryRow("SELECT DATABASE()").Scan(&name))
+	return "mysql://root@127.0.0.1:3306/" + name, db
+}
+
+// Issue 41: the CLI on MySQL/MariaDB, from a mysql:// URL: `schema`
+// prints and applies the table's DDL, `relay` publishes what writers
+// commit, and the operator commands see and change the messages.
+func TestMySQLCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, db := mysqlURL(t)
+	env := func(k string) string {
+		return map[string]string{"DATABASE_URL": url, "AMQP_URL": amqptest.URL()}[k]
+	}
+	cmd := func(args ...string) (string, int) {
+		var out dbtest.Buffer
+		code := run(ctx, args, &out, &out, env)
+		return out.String(), code
+	}
+	out, code := cmd("schema")
+	require.Zero(t, code, out)
+	require.Contains(t, out, "CREATE TABLE IF NOT EXISTS `outbox`")
+	out, code = cmd("schema", "--apply")
+	require.Zero(t, code, out)
+	require.Contains(t, out, "table outbox is ready")
+	out, code = cmd("schema", "--ordered")
+	require.Equal(t, 2, code)
+	require.Contains(t, out, "ordered tables are on PostgreSQL only")
+
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{MaxAttempts: 1})
+	require.NoError(t, err)
+	_, queue, deliveries := amqptest.ManualQueue(t, "cli-mysql")
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	ids, err := store.AddIDs(ctx, tx, outbox.Event{Type: queue}, outbox.Event{Type: queue}, outbox.Event{Type: "parks"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	// The third is parked by hand, as a failed attempt would.
+	msgs, err := store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, store.Release(ctx, msgs[:2]...))
+	require.NoError(t, store.MarkFailed(ctx, msgs[2], "no route"))
+
+	rctx, cancel := context.WithCancel(ctx)
+	var stderr dbtest.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(rctx, []string{"relay", "--poll-interval", "20ms"}, &stderr, &stderr, env)
+	}()
+	for range 2 {
+		select {
+		case d := <-deliveries:
+			require.NoError(t, d.Ack(false))
+			require.Contains(t, ids[:2], d.MessageId)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the relay published nothing:\n%s", stderr.String())
+		}
+	}
+	require.Eventually(t, func() bool {
+		n, err := store.Pending(ctx)
+		require.NoError(t, err)
+		return n == 1
+	}, 30*time.Second, 20*time.Millisecond, "the two published are marked")
+	cancel()
+	require.Zero(t, <-done, stderr.String())
+	require.Contains(t, stderr.String(), "relay stopped: 2 published")
+
+	out, code = cmd("status")
+	require.Zero(t, code, out)
+	require.Regexp(t, `parked\s+1`, out)
+	out, code = cmd("parked")
+	require.Zero(t, code, out)
+	require.Contains(t, out, ids[2])
+	require.Contains(t, out, "no route")
+	out, code = cmd("retry", ids[2])
+	require.Zero(t, code, out)
+	n, err := store.Pending(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	msgs, err = store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1, "retried: claimable again")
+	require.NoError(t, store.MarkFailed(ctx, msgs[0], "no route again"))
+	out, code = cmd("discard", ids[2])
+	require.Zero(t, code, out)
+	var purged int
+	require.Eventually(t, func() bool { // the discarded one is a millisecond old soon
+		out, code = cmd("purge", "--older-than", "1ms")
+		require.Zero(t, code, out)
+		if m := purgedLine.FindStringSubmatch(out); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			purged += n
+		}
+		var left int
+		require.NoError(t, db.QueryRow("SELECT count(*) FROM outbox").Scan(&left))
+		return left == 0
+	}, 10*time.Second, 10*time.Millisecond, "published and discarded messages purged")
+	require.Equal(t, 3, purged, out)
+}
+
+// Issue 41: both forms of a MySQL connection string are taken, and the
+// password of neither is ever printed.
+func TestMySQLURLForms(t *testing.T) {
+	for _, c := range []struct{ in, dsn, redacted string }{
+		{"mysql://app:s3cr%40t@db.internal:3307/shop?tls=true", "app:s3cr@t@tcp(db.internal:3307)/shop?tls=true", "mysql://app:xxxxx@db.internal:3307/shop?tls=true"},
+		{"mariadb://app@db/shop", "app@tcp(db:3306)/shop", "mariadb://app@db/shop"},
+		{"app:pa:ss@w0rd@tcp(db:3306)/shop?parseTime=true", "app:pa:ss@w0rd@tcp(db:3306)/shop?parseTime=true", "app:xxxxx@tcp(db:3306)/shop?parseTime=true"},
+	} {
+		dsn, ok, err := mysqlDSN(c.in)
+		require.NoError(t, err, c.in)
+		require.True(t, ok)
+		require.Equal(t, c.dsn, dsn)
+		require.Equal(t, c.redacted, redactDSN(c.in))
+		require.True(t, looksLikeDSN(c.in))
+	}
+	_, ok, _ := mysqlDSN("postgres://postgres@127.0.0.1:5432/test")
+	require.False(t, ok)
+	_, ok, err := mysqlDSN("mysql://app:s3cretpw@db/shop?parseTime=perhaps")
+	require.True(t, ok)
+	require.Error(t, err)
+	require.False(t, strings.Contains(err.Error(), "s3cretpw"), err.Error())
+	require.Contains(t, dsnSecrets("app:s3cretpw@tcp(db:3306)/shop"), "s3cretpw")
+}
+
+var purgedLine = regexp.MustCompile(`purged (\d+) published message`)
