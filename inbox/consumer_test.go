@@ -22,45 +22,46 @@ import (
 func TestConsumerSurvivesClosedConnectionsExactlyOnce(t *testing.T) {
 	t.Parallel()
 	const n = 400
-	w := setup(t, 0)
-	require.NoError(t, w.ch.Cancel(testConsumerTag, false)) // the Consumer below consumes instead
-	name := amqptest.Name(t, "consumer")
-	slow := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		time.Sleep(2 * time.Millisecond) // long enough for the closes to land mid-stream
-		return w.effect(ctx, tx, d)
-	}
-	c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: slow, URLs: []string{amqptest.URL()},
-		ConnectionName: name, Prefetch: 20, BackoffMax: 200 * time.Millisecond, Logger: dbtest.Logger(t)})
-	require.NoError(t, err)
-	for i := range n {
-		w.publish(t, fmt.Sprint("m-", i))
-		if i%4 == 0 {
-			w.publish(t, fmt.Sprint("m-", i)) // a duplicate, as a relay may send
+	databases(t, 0, func(t *testing.T, w *world) {
+		require.NoError(t, w.ch.Cancel(testConsumerTag, false)) // the Consumer below consumes instead
+		name := amqptest.Name(t, "consumer")
+		slow := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+			time.Sleep(2 * time.Millisecond) // long enough for the closes to land mid-stream
+			return w.effect(ctx, tx, d)
 		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+		c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: slow, URLs: []string{amqptest.URL()},
+			ConnectionName: name, Prefetch: 20, BackoffMax: 200 * time.Millisecond, Logger: dbtest.Logger(t)})
+		require.NoError(t, err)
+		for i := range n {
+			w.publish(t, fmt.Sprint("m-", i))
+			if i%4 == 0 {
+				w.publish(t, fmt.Sprint("m-", i)) // a duplicate, as a relay may send
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
 
-	for _, at := range []int64{n / 4, n / 2} {
-		require.Eventually(t, func() bool { return w.effects(t) >= at }, 30*time.Second, time.Millisecond)
-		require.Equal(t, 1, amqptest.CloseNamedConnections(t, name))
-	}
-	// Every message was handled and the n/4 duplicates found out. A
-	// redelivery of what was committed but not acked is a duplicate too, so
-	// the duplicates can reach n/4 while a message is still to come: wait
-	// for the handled count itself, not for the sum of both.
-	require.Eventually(t, func() bool { st := c.Stats(); return st.Handled >= n && st.Duplicates >= n/4 }, time.Minute, 20*time.Millisecond)
-	cancel()
-	require.NoError(t, <-done)
+		for _, at := range []int64{n / 4, n / 2} {
+			require.Eventually(t, func() bool { return w.effects(t) >= at }, 30*time.Second, time.Millisecond)
+			require.Equal(t, 1, amqptest.CloseNamedConnections(t, name))
+		}
+		// Every message was handled and the n/4 duplicates found out. A
+		// redelivery of what was committed but not acked is a duplicate too, so
+		// the duplicates can reach n/4 while a message is still to come: wait
+		// for the handled count itself, not for the sum of both.
+		require.Eventually(t, func() bool { st := c.Stats(); return st.Handled >= n && st.Duplicates >= n/4 }, time.Minute, 20*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
 
-	require.EqualValues(t, n, dbtest.Count(t, w.db, `SELECT count(DISTINCT message_id) FROM "`+w.table+`_effects"`), "every message applied")
-	require.EqualValues(t, n, w.effects(t), "and none twice")
-	st := c.Stats()
-	require.EqualValues(t, n, st.Handled)
-	require.GreaterOrEqual(t, st.Duplicates, int64(n/4), "the duplicates, and redeliveries of what was committed but not acked")
-	require.GreaterOrEqual(t, st.Reconnects, int64(2))
-	t.Logf("stats %+v", st)
+		require.EqualValues(t, n, dbtest.Count(t, w.db, w.sql(`SELECT count(DISTINCT message_id) FROM "`+w.table+`_effects"`)), "every message applied")
+		require.EqualValues(t, n, w.effects(t), "and none twice")
+		st := c.Stats()
+		require.EqualValues(t, n, st.Handled)
+		require.GreaterOrEqual(t, st.Duplicates, int64(n/4), "the duplicates, and redeliveries of what was committed but not acked")
+		require.GreaterOrEqual(t, st.Reconnects, int64(2))
+		t.Logf("stats %+v", st)
+	})
 }
 
 // Issue 12: two consumers (two processes of one service) on one queue,
@@ -69,39 +70,40 @@ func TestConsumerSurvivesClosedConnectionsExactlyOnce(t *testing.T) {
 func TestTwoConsumersOnOneQueueExactlyOnce(t *testing.T) {
 	t.Parallel()
 	const n = 300
-	w := setup(t, 0)
-	require.NoError(t, w.ch.Cancel(testConsumerTag, false))
-	for i := range n {
-		w.publish(t, fmt.Sprint("m-", i))
-		w.publish(t, fmt.Sprint("m-", i)) // every message twice: the copies often go to different consumers
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	var consumers []*inbox.Consumer
-	for range 2 {
-		ib, err := inbox.New(w.db, &inbox.Config{Consumer: "billing", Table: w.table, Logger: dbtest.Logger(t)})
-		require.NoError(t, err)
-		c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: w.effect, URLs: []string{amqptest.URL()}, Prefetch: 10})
-		require.NoError(t, err)
-		consumers = append(consumers, c)
-		go func() { done <- c.Run(ctx) }()
-	}
-	// Every one of the 2n deliveries went through Handle: n handled, n
-	// found to be duplicates.
-	require.Eventually(t, func() bool {
+	databases(t, 0, func(t *testing.T, w *world) {
+		require.NoError(t, w.ch.Cancel(testConsumerTag, false))
+		for i := range n {
+			w.publish(t, fmt.Sprint("m-", i))
+			w.publish(t, fmt.Sprint("m-", i)) // every message twice: the copies often go to different consumers
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 2)
+		var consumers []*inbox.Consumer
+		for range 2 {
+			ib, err := inbox.New(w.db, &inbox.Config{Consumer: "billing", Table: w.table, Logger: dbtest.Logger(t)})
+			require.NoError(t, err)
+			c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: w.effect, URLs: []string{amqptest.URL()}, Prefetch: 10})
+			require.NoError(t, err)
+			consumers = append(consumers, c)
+			go func() { done <- c.Run(ctx) }()
+		}
+		// Every one of the 2n deliveries went through Handle: n handled, n
+		// found to be duplicates.
+		require.Eventually(t, func() bool {
+			a, b := consumers[0].Stats(), consumers[1].Stats()
+			return a.Handled+b.Handled+a.Duplicates+b.Duplicates == 2*n
+		}, time.Minute, 20*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, <-done)
+		require.EqualValues(t, n, w.effects(t))
+		require.EqualValues(t, n, dbtest.Count(t, w.db, w.sql(`SELECT count(DISTINCT message_id) FROM "`+w.table+`_effects"`)))
 		a, b := consumers[0].Stats(), consumers[1].Stats()
-		return a.Handled+b.Handled+a.Duplicates+b.Duplicates == 2*n
-	}, time.Minute, 20*time.Millisecond)
-	cancel()
-	require.NoError(t, <-done)
-	require.NoError(t, <-done)
-	require.EqualValues(t, n, w.effects(t))
-	require.EqualValues(t, n, dbtest.Count(t, w.db, `SELECT count(DISTINCT message_id) FROM "`+w.table+`_effects"`))
-	a, b := consumers[0].Stats(), consumers[1].Stats()
-	require.EqualValues(t, n, a.Handled+b.Handled)
-	require.EqualValues(t, n, a.Duplicates+b.Duplicates)
-	require.Positive(t, a.Handled)
-	require.Positive(t, b.Handled, "both consumers took part")
+		require.EqualValues(t, n, a.Handled+b.Handled)
+		require.EqualValues(t, n, a.Duplicates+b.Duplicates)
+		require.Positive(t, a.Handled)
+		require.Positive(t, b.Handled, "both consumers took part")
+	})
 }
 
 // outcomes records what the consumer's Observer sees.

@@ -10,7 +10,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dberr"
 	"github.com/acemq/outbox/internal/pgerr"
 )
 
@@ -116,8 +119,8 @@ func checkMessageID(id string) error {
 // retryAtOnce reports a serialization failure or a deadlock: the
 // transaction lost a race, and running it again at once is the cure.
 func retryAtOnce(err error) bool {
-	s := pgerr.State(err)
-	return s == "40001" || s == "40P01"
+	k := dberr.Classify(err)
+	return k == dberr.Serialization || k == dberr.Deadlock
 }
 
 // infrastructure reports whether err is a failure of the database or of
@@ -125,6 +128,14 @@ func retryAtOnce(err error) bool {
 func infrastructure(err error) bool {
 	if err == nil {
 		return false
+	}
+	if dberr.Database(err) == "MySQL" {
+		switch dberr.Classify(err) {
+		case dberr.Credentials, dberr.NoDatabase, dberr.NoPrivilege, dberr.NoTable, dberr.NoColumn,
+			dberr.LockNotAvailable, dberr.Deadlock, dberr.Serialization, dberr.ReadOnly, dberr.Terminated:
+			return true
+		}
+		return mysqlServerFault(err)
 	}
 	switch s := pgerr.State(err); {
 	case s == "":
@@ -143,7 +154,7 @@ func infrastructure(err error) bool {
 	}
 	var ne net.Error
 	switch {
-	case errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone),
+	case errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone), errors.Is(err, mysql.ErrInvalidConn),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &ne):
 		return true
 	}
@@ -154,13 +165,48 @@ func infrastructure(err error) bool {
 // messageFault reports an error of the claim that only the message id can
 // cause (a data exception, a value over a limit): redelivering cannot help.
 func messageFault(err error) bool {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return strings.HasPrefix(string(me.SQLState[:]), "22") // data exception: too long, an invalid string
+	}
 	s := pgerr.State(err)
 	return strings.HasPrefix(s, "22") || strings.HasPrefix(s, "54")
+}
+
+// mysqlServerFault reports a MySQL error of the server's resources (too
+// many connections, out of memory or disk), not of the message.
+func mysqlServerFault(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1040, 1041, 1021, 1037, 1038, 1114, 1203: // connections, memory, disk, table full, user connections
+		return true
+	}
+	return strings.HasPrefix(string(me.SQLState[:]), "08")
 }
 
 // advice returns what an operator should do about an infrastructure
 // failure that waiting will not cure, or "".
 func advice(err error) string {
+	if dberr.Database(err) == "MySQL" {
+		switch dberr.Classify(err) {
+		case dberr.NoTable:
+			return "the inbox table does not exist: create it with `outbox inbox schema --apply` or your migrations"
+		case dberr.NoColumn:
+			return "the inbox table lacks a column: it was not created by this version's schema"
+		case dberr.NoPrivilege:
+			return "the database user lacks a privilege on the inbox table: GRANT SELECT, INSERT, UPDATE, DELETE on it"
+		case dberr.NoDatabase:
+			return "the database does not exist: check the database URL"
+		case dberr.Credentials:
+			return "MySQL refused the credentials: check the database URL's user and password"
+		case dberr.ReadOnly:
+			return "the server is read-only (a replica, or a primary after a failover): point the consumer at the writable one"
+		}
+		return ""
+	}
 	switch pgerr.State(err) {
 	case "42P01":
 		return "the inbox table does not exist: create it with `outbox inbox schema --apply` or your migrations"

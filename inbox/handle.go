@@ -139,8 +139,8 @@ func (ib *Inbox) attempt(ctx context.Context, d *amqp.Delivery, h Handler, lg *s
 		return requeue(fmt.Errorf("inbox: beginning a transaction: %w", err))
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	var inserted, handled, dead bool
-	if err := tx.QueryRowContext(ctx, ib.q.claim, ib.consumer, d.MessageId).Scan(&inserted, &handled, &dead); err != nil {
+	inserted, handled, dead, err := ib.record(ctx, tx, d.MessageId)
+	if err != nil {
 		if messageFault(err) {
 			return ib.refuse(ctx, d, fmt.Errorf("%w: %w", ErrInvalidMessageID, err), lg), false
 		}
@@ -236,11 +236,8 @@ func (ib *Inbox) failed(ctx context.Context, d *amqp.Delivery, herr error, now b
 	if now {
 		limit = 1
 	}
-	var (
-		attempts int
-		dead     bool
-	)
-	if err := ib.db.QueryRowContext(cctx, ib.q.failed, ib.consumer, d.MessageId, reason, limit).Scan(&attempts, &dead); err != nil {
+	attempts, dead, err := ib.countFailure(cctx, d.MessageId, reason, limit)
+	if err != nil {
 		return result{outcome: Requeued, err: errors.Join(herr, fmt.Errorf("inbox: counting the failed attempt: %w", err))}
 	}
 	if !dead {

@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/acemq/outbox/internal/dialect"
 	"github.com/acemq/outbox/internal/pgschema"
 	"github.com/acemq/outbox/internal/sqlident"
 )
@@ -59,7 +60,8 @@ type Inbox struct {
 	consumer    string
 	maxAttempts int
 	logger      *slog.Logger
-	q           struct{ claim, retry, failed, handled, purge, purgeable, revive, reviveAll, dead, deadAmong, records string }
+	mysql       bool // the database is MySQL or MariaDB (mysql.go)
+	q           struct{ claim, claimRead, retry, failed, failedRead, handled, purge, purgeable, revive, reviveAll, dead, deadAmong, records string }
 	afterCommit func(*amqp.Delivery) // tests: runs between commit and ack
 }
 
@@ -93,9 +95,21 @@ func New(db *sql.DB, cfg *Config) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	spoken, err := dialect.Check("inbox: New", "the *sql.DB's driver speaks", dialect.OfDriver(db.Driver()))
+	if err != nil {
+		return nil, err
+	}
 	quoted := t.Quoted
-	ib := &Inbox{db: db, table: quoted, name: name, consumer: cfg.Consumer,
+	ib := &Inbox{db: db, table: quoted, name: name, consumer: cfg.Consumer, mysql: spoken == dialect.MySQL,
 		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault), logger: cmp.Or(cfg.Logger, slog.Default())}
+	if ib.mysql {
+		if len([]rune(cfg.Consumer)) > 255 {
+			return nil, fmt.Errorf("inbox: Config.Consumer is %d characters long: on MySQL and MariaDB a consumer's name is at most 255", len([]rune(cfg.Consumer)))
+		}
+		ib.table = mysqlQuoted(quoted)
+		ib.mysqlQueries(ib.table)
+		return ib, nil
+	}
 	r := strings.NewReplacer("{table}", quoted)
 	// One statement takes the message's row and locks it for the
 	// transaction: a concurrent delivery of the same id waits here until
@@ -118,7 +132,8 @@ RETURNING attempts, dead_at IS NOT NULL`)
 	ib.q.handled = r.Replace(`SELECT handled_at IS NOT NULL FROM {table} WHERE consumer = $1 AND message_id = $2`)
 	ib.q.revive = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = $1 AND message_id = $2 AND dead_at IS NOT NULL`)
 	ib.q.reviveAll = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = $1 AND dead_at IS NOT NULL`)
-	ib.q.dead = r.Replace(`SELECT message_id, attempts, coalesce(last_error, ''), received_at, dead_at FROM {table}
+	ib.q.dead = r.Replace(`SELECT message_id, attempts, coalesce(last_error, ''),
+	(extract(epoch FROM received_at) * 1000000)::bigint, (extract(epoch FROM dead_at) * 1000000)::bigint FROM {table}
 WHERE consumer = $1 AND dead_at IS NOT NULL ORDER BY dead_at, message_id LIMIT $2`)
 	ib.q.deadAmong = r.Replace(`SELECT count(*) FROM {table} WHERE consumer = $1 AND message_id = ANY($2::text[]) AND dead_at IS NOT NULL`)
 	ib.q.records = r.Replace(`SELECT count(*) FILTER (WHERE handled_at IS NOT NULL), count(*) FILTER (WHERE handled_at IS NULL AND dead_at IS NULL),
@@ -172,6 +187,16 @@ CREATE INDEX IF NOT EXISTS "{name}_received_idx" ON {table} (received_at);
 // meant for development and tests; in production the table belongs to
 // your migrations (Schema).
 func (ib *Inbox) CreateSchemaIfAbsent(ctx context.Context) error {
+	if ib.mysql {
+		ddl, err := MySQLSchema(ib.name)
+		if err == nil {
+			_, err = ib.db.ExecContext(ctx, strings.TrimSuffix(strings.TrimSpace(ddl), ";"))
+		}
+		if err != nil {
+			return fmt.Errorf("inbox: creating %s: %w", ib.name, err)
+		}
+		return nil
+	}
 	ddl, err := Schema(ib.name)
 	if err != nil {
 		return err

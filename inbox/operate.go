@@ -46,10 +46,14 @@ func (ib *Inbox) Dead(ctx context.Context, limit int) ([]DeadRecord, error) {
 	defer rows.Close()
 	var out []DeadRecord
 	for rows.Next() {
-		var r DeadRecord
-		if err := rows.Scan(&r.MessageID, &r.Attempts, &r.LastError, &r.ReceivedAt, &r.DeadAt); err != nil {
+		var (
+			r                DeadRecord
+			received, deadAt int64 // microseconds since the epoch
+		)
+		if err := rows.Scan(&r.MessageID, &r.Attempts, &r.LastError, &received, &deadAt); err != nil {
 			return nil, ib.wrap("listing dead-lettered messages", err)
 		}
+		r.ReceivedAt, r.DeadAt = time.UnixMicro(received), time.UnixMicro(deadAt)
 		out = append(out, r)
 	}
 	return out, ib.wrap("listing dead-lettered messages", rows.Err())
@@ -88,7 +92,8 @@ func (ib *Inbox) DeadAmong(ctx context.Context, ids ...string) (int64, error) {
 		return 0, nil
 	}
 	var n int64
-	if err := ib.db.QueryRowContext(ctx, ib.q.deadAmong, ib.consumer, ids).Scan(&n); err != nil {
+	query, args := ib.deadAmongQuery(ids)
+	if err := ib.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
 		return 0, ib.wrap("counting dead-lettered messages", err)
 	}
 	return n, nil

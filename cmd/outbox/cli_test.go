@@ -343,7 +343,10 @@ func TestRelayDaemonReleasesOnSIGTERM(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("relay did not exit within 30s of SIGTERM; stderr:\n%s", stderr.String())
 	}
-	require.Contains(t, stdout.String(), "0 published, 0 failed, 3 released", stderr.String())
+	// 3 released, or a multiple: a relay that started while its publisher
+	// was still dialing may have had a publish refused (broker
+	// unreachable) and released the batch before it claimed it again.
+	require.Regexp(t, `0 published, 0 failed, (3|6|9|12) released, 0 leases lost`, stdout.String(), stderr.String())
 	require.Zero(t, dbtest.Count(t, db, `SELECT count(*) FROM "`+table+`" WHERE claim_token IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL`),
 		"released at once, without an attempt")
 }

@@ -2,16 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/acemq/outbox/inbox"
+	"github.com/acemq/outbox/internal/dberr"
 )
 
 const inboxUsage = `Usage:
@@ -67,9 +65,19 @@ func cmdInboxSchema(ctx context.Context, x *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	ddl, err := inbox.Schema(c.table)
+	schema := inbox.Schema
+	if c.onMySQL() {
+		schema = inbox.MySQLSchema
+	}
+	ddl, err := schema(c.table)
 	if err != nil {
 		return err
+	}
+	if c.onMySQL() { // one statement, without its ';' (go-sql-driver runs one at a time)
+		ddl = strings.TrimSuffix(strings.TrimSpace(ddl), ";")
+		if !*apply {
+			ddl += ";\n"
+		}
 	}
 	return c.printOrApply(ctx, ddl, *apply)
 }
@@ -116,8 +124,7 @@ func (c *inboxCommand) open(ctx context.Context) (*inbox.Inbox, inbox.Records, f
 
 // explainInbox turns a missing inbox table into advice.
 func (c *common) explainInbox(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if dberr.Classify(err) == dberr.NoTable {
 		return fmt.Errorf("inbox table %q does not exist in this database: create it with `outbox inbox schema --apply --table %s` or your migrations (inbox/migrations in the module)", c.table, c.table)
 	}
 	return err

@@ -30,10 +30,19 @@ import (
 // Rollback that do nothing, so that a client on it can open the *ent.Tx
 // that entoutbox's hook and Publish require.
 func Driver(tx *sql.Tx) dialect.Driver {
-	return &driver{Conn: entsql.Conn{ExecQuerier: tx}}
+	return DriverOf(dialect.Postgres, tx)
 }
 
-type driver struct{ entsql.Conn }
+// DriverOf is Driver for a database of the given ent dialect:
+// dialect.Postgres, or dialect.MySQL for an inbox on MySQL or MariaDB.
+func DriverOf(name string, tx *sql.Tx) dialect.Driver {
+	return &driver{Conn: entsql.Conn{ExecQuerier: tx}, dialect: name}
+}
+
+type driver struct {
+	entsql.Conn
+	dialect string
+}
 
 // Tx returns the inbox's transaction, which the inbox commits.
 func (d *driver) Tx(context.Context) (dialect.Tx, error) { return nopTx{d.Conn}, nil }
@@ -41,8 +50,8 @@ func (d *driver) Tx(context.Context) (dialect.Tx, error) { return nopTx{d.Conn},
 // Close does nothing: the transaction belongs to the inbox.
 func (d *driver) Close() error { return nil }
 
-// Dialect is PostgreSQL, the only database of the outbox.
-func (d *driver) Dialect() string { return dialect.Postgres }
+// Dialect is the dialect the driver was made for (Driver: PostgreSQL).
+func (d *driver) Dialect() string { return d.dialect }
 
 // nopTx is the inbox's transaction as an ent dialect.Tx.
 type nopTx struct{ entsql.Conn }
