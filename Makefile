@@ -18,8 +18,8 @@ test: ## run every test with the race detector against local PostgreSQL and Rabb
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 4m -run '$(LOG_SMOKE)' ./relay
 
 .PHONY: test/chaos
-test/chaos: ## the ordered chaos test at full size (20,000 messages, four relays, kills), on both layouts
-	$(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
+test/chaos: ## the ordered chaos test at full size (20,000 messages, four relays, kills), on both PostgreSQL layouts and on MariaDB
+	$(GO) test -race -count=1 -timeout 8m -run 'TestOrderedChaos|TestMySQLOrderedChaos' -v ./relay
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
 
 .PHONY: test/soak

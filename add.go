@@ -191,8 +191,11 @@ var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 // trigger would take them row by row, and two writers could deadlock),
 // takes them if the table is ordered, and learns that it is not for a while.
 func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
+	if s.be != nil {
+		return backendOps{s}.takeTurns(ctx, tx, evts)
+	}
 	ordered := s.ordering == OrderedByKey
-	if !ordered && (len(evts) < 2 || s.knownUnordered() || s.be != nil) {
+	if !ordered && (len(evts) < 2 || s.knownUnordered()) {
 		return nil // the common write of an unordered store: nothing to gather
 	}
 	var keys []string

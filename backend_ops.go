@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -117,38 +118,48 @@ func fromRows(rows []backend.Row, claimed bool) []Message {
 	return msgs
 }
 
+// ordered says whether claims keep each key's order now.
+func (b backendOps) ordered() bool { return b.Ordering() == OrderedByKey }
+
 func (b backendOps) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
-	rows, err := b.be.Claim(ctx, db, n, lease, b.batchMaxBytes)
+	ordered := b.ordered()
+	rows, err := b.be.Claim(ctx, db, n, lease, b.batchMaxBytes, ordered)
 	if err != nil || len(rows) == 0 {
 		return nil, err
 	}
 	msgs := fromRows(rows, true)
 	token := rows[0].Claim
-	return b.parkEach(ctx, msgs, false,
+	return b.parkEach(ctx, msgs, ordered,
 		func(id, reason string) (int, error) {
-			seq := seqOf(msgs, id)
-			f, ok, err := b.be.Fail(ctx, db, seq, token, reason, 0, 1)
+			f, ok, err := b.be.Fail(ctx, db, refOf(msgs, id), token, reason, 0, 1, ordered)
 			if err == nil && !ok {
 				err = sql.ErrNoRows
 			}
 			return f.Attempts, err
 		},
-		func([]string) error { return nil }) // nothing waits behind: unordered
+		func(ids []string) error { // behind a parked one of their key
+			refs := make([]backend.Ref, len(ids))
+			for i, id := range ids {
+				refs[i] = refOf(msgs, id)
+			}
+			_, err := b.be.Settle(ctx, db, false, token, refs, ordered)
+			return err
+		})
 }
 
-func seqOf(msgs []Message, id string) int64 {
+func refOf(msgs []Message, id string) backend.Ref {
 	for _, m := range msgs {
 		if m.ID == id {
-			return m.Seq
+			return backend.Ref{Seq: m.Seq, Key: m.Key}
 		}
 	}
-	return 0
+	return backend.Ref{}
 }
 
 func (b backendOps) settle(ctx context.Context, db *sql.DB, what string, kind byte, msgs []Message) error {
 	var (
 		claims []backendClaim // in order of first appearance
-		seqs   = map[backendClaim][]int64{}
+		refs   = map[backendClaim][]backend.Ref{}
 		done   = make(map[int64]bool, len(msgs))
 	)
 	for _, m := range msgs {
@@ -156,13 +167,13 @@ func (b backendOps) settle(ctx context.Context, db *sql.DB, what string, kind by
 		if !ok {
 			continue // claimed from another table's kind: lost below
 		}
-		if _, ok := seqs[c]; !ok {
+		if _, ok := refs[c]; !ok {
 			claims = append(claims, c)
 		}
-		seqs[c] = append(seqs[c], m.Seq)
+		refs[c] = append(refs[c], backend.Ref{Seq: m.Seq, Key: m.Key})
 	}
 	for _, c := range claims {
-		marked, err := b.be.Settle(ctx, db, kind == 'p', string(c), seqs[c])
+		marked, err := b.be.Settle(ctx, db, kind == 'p', string(c), refs[c], b.ordered())
 		if err != nil {
 			return fmt.Errorf("outbox: %s %d message(s) in %s: %w", what, len(msgs), b.t.full, err)
 		}
@@ -188,7 +199,7 @@ func (b backendOps) markFailed(ctx context.Context, db *sql.DB, msg Message, rea
 		return b.leaseLost(ctx, "marking failed", []string{msg.ID})
 	}
 	reason = textcut.Cut(strings.ReplaceAll(reason, "\x00", ""), lastErrorMax)
-	f, ok, err := b.be.Fail(ctx, db, msg.Seq, string(c), reason, b.backoff(msg.Attempts+1), b.maxAttempts)
+	f, ok, err := b.be.Fail(ctx, db, backend.Ref{Seq: msg.Seq, Key: msg.Key}, string(c), reason, b.backoff(msg.Attempts+1), b.maxAttempts, b.ordered())
 	switch {
 	case err != nil:
 		return fmt.Errorf("outbox: marking message %s failed in %s: %w", msg.ID, b.t.full, err)
@@ -245,9 +256,12 @@ func (b backendOps) changeParked(ctx context.Context, db *sql.DB, discard bool, 
 	return b.be.ChangeParked(ctx, db, discard, ids)
 }
 
-// reconcile does nothing: nothing is held on an unordered table.
-func (backendOps) reconcile(context.Context, *sql.DB) (held, unheld int64, err error) {
-	return 0, 0, nil
+func (b backendOps) reconcile(ctx context.Context, db *sql.DB) (held, unheld int64, err error) {
+	held, unheld, err = b.be.Reconcile(ctx, db, b.ordered())
+	if err != nil {
+		return held, unheld, fmt.Errorf("outbox: reconciling %s: %w", b.t.full, err)
+	}
+	return held, unheld, nil
 }
 
 func (b backendOps) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, progress func(int64)) (int64, error) {
@@ -268,10 +282,52 @@ func (b backendOps) purgeable(ctx context.Context, db *sql.DB, olderThan time.Du
 
 func (backendOps) orderColumn() string { return "seq" }
 
-// readOrder finds the table unordered: it is, on every backend so far.
-func (b backendOps) readOrder(context.Context, *sql.DB) (tableOrder, error) {
-	b.tm.set(Unordered)
-	return tableOrder{}, nil
+// readOrder reads whether the table is ordered (has its order trigger).
+// Its order is numbered by the keys' turns, never by a sequence that
+// caches: the checks of PostgreSQL's sequences pass.
+func (b backendOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
+	ordered, err := b.be.Ordered(ctx, db)
+	if err != nil {
+		return tableOrder{}, fmt.Errorf("outbox: reading the order of %s: %w", b.t.full, err)
+	}
+	if ordered {
+		b.tm.set(OrderedByKey)
+	} else {
+		b.tm.set(Unordered)
+	}
+	return tableOrder{ordered: ordered, hasSeq: true, cache: sql.NullInt64{Int64: 1, Valid: true}}, nil
+}
+
+// takeTurns is Store.Add's lockKeys on a backend's table: the writer takes
+// the turns of its keys in sorted order before it writes, so that one call
+// never deadlocks by itself, when the store is ordered or the table was
+// last read ordered and the call has several keys. (A writer that does not
+// take them first takes them row by row in the trigger: two transactions
+// writing keys A and B in opposite orders can deadlock, and MySQL aborts
+// one, error 1213.)
+func (b backendOps) takeTurns(ctx context.Context, tx Execer, evts []Event) error {
+	if b.ordering != OrderedByKey && (len(evts) < 2 || b.Ordering() != OrderedByKey) {
+		return nil
+	}
+	var keys []string
+	for i := range evts {
+		if evts[i].Key != "" {
+			keys = append(keys, evts[i].Key)
+		}
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	if len(keys) == 0 || (len(keys) < 2 && b.ordering != OrderedByKey) {
+		return nil
+	}
+	bind := make([]any, len(keys))
+	for i, k := range keys {
+		bind[i] = k
+	}
+	if _, err := tx.ExecContext(ctx, b.be.KeyTurnSQL(len(keys)), bind...); err != nil {
+		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), b.t.full, err)
+	}
+	return nil
 }
 
 // errNotOnBackend is what the operations that only PostgreSQL has return
@@ -280,15 +336,49 @@ func (b backendOps) errNotOnBackend(what string) error {
 	return fmt.Errorf("outbox: %s: %w: %s is on %s, where tables are unordered and of LayoutRows", what, ErrUnsupportedDatabase, b.t.full, b.database)
 }
 
-func (b backendOps) convertOrdering(context.Context, *sql.DB, Ordering, bool, time.Duration) (OrderingConversion, error) {
-	return OrderingConversion{}, b.errNotOnBackend("converting the ordering")
+func (b backendOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, _ time.Duration) (OrderingConversion, error) {
+	from, err := b.TableOrdering(ctx)
+	if err != nil {
+		return OrderingConversion{}, err
+	}
+	c := OrderingConversion{From: from, To: to}
+	if from != to {
+		stmts := b.be.UnorderStatements()
+		if to == OrderedByKey {
+			stmts = b.be.OrderStatements()
+		}
+		c.DDL = mysqlstore.Script(stmts)
+	}
+	st, err := b.stats(ctx, db)
+	if err != nil {
+		return c, err
+	}
+	c.Pending, c.Held = st.Pending, st.Held
+	if dryRun || from == to {
+		return c, nil
+	}
+	start := time.Now()
+	if err := b.be.SetOrdered(ctx, db, to == OrderedByKey); err != nil {
+		return c, fmt.Errorf("outbox: converting %s to %s: %w", b.t.full, to, err)
+	}
+	c.Took = time.Since(start)
+	b.tm.set(to)
+	return c, nil
 }
 
 func (b backendOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
-	ddl := strings.TrimSuffix(strings.TrimSpace(b.be.SchemaSQL()), ";")
-	if _, err := db.ExecContext(ctx, ddl); err != nil {
-		return fmt.Errorf("outbox: creating schema of %s: %w", b.t.full, err)
+	for _, st := range b.be.SchemaStatements() {
+		if _, err := db.ExecContext(ctx, st); err != nil {
+			return fmt.Errorf("outbox: creating schema of %s: %w", b.t.full, err)
+		}
 	}
+	if b.ordering != OrderedByKey {
+		return nil
+	}
+	if err := b.be.SetOrdered(ctx, db, true); err != nil {
+		return fmt.Errorf("outbox: making %s an ordered table: %w", b.t.full, err)
+	}
+	b.tm.set(OrderedByKey)
 	return nil
 }
 
@@ -309,16 +399,32 @@ func (b backendOps) layout(ctx context.Context, db *sql.DB) (Layout, error) {
 }
 
 // MySQLSchema returns the DDL that creates the outbox table of the given
-// name on MySQL or MariaDB (see MySQL): one idempotent statement, as
-// `outbox schema --database-url mysql://…` prints it and
-// Store.CreateSchemaIfAbsent applies it. A schema-qualified name
-// ("billing.outbox") names a database.
+// name on MySQL or MariaDB (see MySQL), unordered: the table and the table
+// of its keys' turns, each statement idempotent, as `outbox schema
+// --database-url mysql://…` prints it and Store.CreateSchemaIfAbsent
+// applies it. A schema-qualified name ("billing.outbox") names a database.
 func MySQLSchema(tableName string) (string, error) {
 	t, err := parseTable(tableName)
 	if err != nil {
 		return "", err
 	}
-	return newBackend(MySQL, t).SchemaSQL(), nil
+	return mysqlstore.Script(newBackend(MySQL, t).SchemaStatements()), nil
+}
+
+// MySQLOrderSchema returns the DDL that makes the MySQL outbox table of the
+// given name an ordered table (see OrderedByKey): its order trigger, which
+// takes each writer's key's turn and numbers the message in its key's
+// order, whatever program writes. Run it once, after MySQLSchema (CREATE
+// TRIGGER is not idempotent on MySQL 8.0); on a table in use prefer
+// Store.ConvertOrdering (`outbox convert --to ordered`), which creates it
+// only when it is not there. With the mysql client, run it between
+// DELIMITER // and DELIMITER ;.
+func MySQLOrderSchema(tableName string) (string, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	return mysqlstore.Script(newBackend(MySQL, t).OrderStatements()), nil
 }
 
 // Database returns the database the store's table is in.

@@ -192,8 +192,7 @@ type Store struct {
 // db's driver (go-sql-driver/mysql's: MySQL; any other: PostgreSQL), or,
 // without a pool, StoreConfig.Database's. It refuses, with an error
 // wrapping ErrUnsupportedDatabase, a db whose driver is known to be
-// another database's (SQLite's, SQL Server's), and an ordered store on
-// MySQL.
+// another database's (SQLite's, SQL Server's).
 func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 	if cfg == nil {
 		cfg = &StoreConfig{}
@@ -212,9 +211,6 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 	t, err := parseTable(cmp.Or(cfg.Table, TableDefault))
 	if err != nil {
 		return nil, err
-	}
-	if database == MySQL && cfg.Ordering == OrderedByKey {
-		return nil, fmt.Errorf("outbox: NewStore: %w: StoreConfig.Ordering is OrderedByKey, and ordered tables are on PostgreSQL only so far; on MySQL and MariaDB tables are unordered", ErrUnsupportedDatabase)
 	}
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("outbox: StoreConfig.MaxAttempts must not be negative (got %d)", cfg.MaxAttempts)

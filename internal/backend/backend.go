@@ -32,6 +32,13 @@ type Row struct {
 	Attempts                             int
 	LastError                            string
 	Claim                                string // the claim that returned it; "" when not claimed
+	Ord                                  int64  // its place in its key's order on an ordered table (0: none)
+}
+
+// Ref names a claimed message to a settle: its seq and its key.
+type Ref struct {
+	Seq int64
+	Key string
 }
 
 // Counts are a table's messages by state, as Store.Stats and Store.Gauges
@@ -61,26 +68,48 @@ type Backend interface {
 	// message ids, and the id when the server names it.
 	DuplicateID(err error) (id string, ok bool)
 
-	// SchemaSQL is the DDL that creates the table, idempotent; DropSQL
-	// drops it.
-	SchemaSQL() string
-	DropSQL() string
+	// SchemaStatements are the DDL that creates the table (unordered),
+	// each statement idempotent; DropStatements drop it.
+	SchemaStatements() []string
+	DropStatements() []string
 	// Exists says whether the table is there.
 	Exists(ctx context.Context, db *sql.DB) (bool, error)
+
+	// OrderStatements make the table ordered, UnorderStatements
+	// unordered.
+	OrderStatements() []string
+	UnorderStatements() []string
+	// Ordered says whether the table is ordered (keeps each key's order,
+	// whatever writes to it); SetOrdered makes it so, or not.
+	Ordered(ctx context.Context, db *sql.DB) (bool, error)
+	SetOrdered(ctx context.Context, db *sql.DB, ordered bool) error
+	// KeyTurnSQL is the statement with which a writer takes the turns of
+	// n distinct keys, bound in the order to take them (sorted), before
+	// it writes their messages into an ordered table.
+	KeyTurnSQL(n int) string
 
 	// Claim takes up to n ready messages, in the order they were written,
 	// for lease, and no more of them than keep the bytes of the payloads
 	// and headers before the last one under maxBytes (one, however
-	// large). Each message is in at most one live claim.
-	Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64) ([]Row, error)
-	// Settle marks published (or releases) the messages of seqs that claim
-	// still holds, and returns those it marked: the others' leases were
-	// lost.
-	Settle(ctx context.Context, db *sql.DB, published bool, claim string, seqs []int64) (done []int64, err error)
-	// Fail counts a failed attempt at the message of seq that claim still
+	// large). Each message is in at most one live claim. When ordered, a
+	// message of a key is claimed only with every unpublished message of
+	// its key before it, and the claim returns a key's messages in their
+	// order.
+	Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]Row, error)
+	// Settle marks published (or releases) the messages of refs that
+	// claim still holds, and returns the seqs of those it marked: the
+	// others' leases were lost. When ordered, a message published brings
+	// back the messages held behind it.
+	Settle(ctx context.Context, db *sql.DB, published bool, claim string, refs []Ref, ordered bool) (done []int64, err error)
+	// Fail counts a failed attempt at the message ref that claim still
 	// holds: it waits delay, or is parked when the attempts reach
-	// maxAttempts. ok is false when the claim was lost.
-	Fail(ctx context.Context, db *sql.DB, seq int64, claim, reason string, delay time.Duration, maxAttempts int) (f Failure, ok bool, err error)
+	// maxAttempts; when ordered, the later messages of its key are held
+	// behind it. ok is false when the claim was lost.
+	Fail(ctx context.Context, db *sql.DB, ref Ref, claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (f Failure, ok bool, err error)
+	// Reconcile holds the waiting messages of keys whose first message
+	// has failed (ordered) and brings back the held messages of the
+	// others (all of them, unordered).
+	Reconcile(ctx context.Context, db *sql.DB, ordered bool) (held, unheld int64, err error)
 
 	// Pending counts the messages not published yet, all of them.
 	Pending(ctx context.Context, db *sql.DB) (int64, error)
@@ -91,7 +120,7 @@ type Backend interface {
 	Parked(ctx context.Context, db *sql.DB, limit int) ([]Row, error)
 	// ChangeParked retries (or discards) the parked messages among ids,
 	// every parked message when ids is nil (retry only), and returns how
-	// many it changed.
+	// many it changed; the messages held behind them come back.
 	ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
 	// Purge deletes published messages older than olderThan, by the
 	// database's clock, in statements of at most batch rows, calling

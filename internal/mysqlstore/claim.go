@@ -1,0 +1,217 @@
+package mysqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/acemq/outbox/internal/backend"
+)
+
+// candidate is a row the claim's locking read returned.
+type candidate struct {
+	seq, ord, size int64
+	key            string
+}
+
+// Claim implements backend.Backend.
+func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]backend.Row, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, fmt.Errorf("generating claim token: %w", err)
+	}
+	var seqs []int64
+	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
+		seqs, err = s.lock(ctx, tx, n, lease, maxBytes, token.String(), ordered)
+		return err
+	})
+	if err != nil || len(seqs) == 0 {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, s.list("claimed", `SELECT {columns} FROM {table} WHERE claim_token = ? AND seq IN ({in}) ORDER BY seq`, len(seqs)),
+		args(seqs, token.String())...)
+	if err != nil {
+		return nil, fmt.Errorf("reading the claimed messages: %w", err)
+	}
+	claimed, err := scanRows(rows)
+	if ordered {
+		inKeyOrder(claimed)
+	}
+	return claimed, err
+}
+
+// lock is the claim's transaction: the candidates locked, those a claim
+// may take (ordered: see claimable) within the byte window leased.
+func (s *Store) lock(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string, ordered bool) ([]int64, error) {
+	query := s.q.candidates
+	if ordered {
+		query = s.q.orderedCandidates
+	}
+	cands, err := s.candidates(ctx, tx, query, n, 0)
+	if err != nil {
+		return nil, err
+	}
+	if ordered {
+		if cands, err = s.orderedCandidates(ctx, tx, cands, n); err != nil {
+			return nil, err
+		}
+	}
+	var (
+		seqs   []int64
+		before int64
+	)
+	for _, c := range cands { // in the order of seq
+		if len(seqs) > 0 && before >= maxBytes {
+			break
+		}
+		seqs = append(seqs, c.seq)
+		before += c.size
+	}
+	if len(seqs) == 0 {
+		return nil, nil
+	}
+	_, err = tx.ExecContext(ctx, s.list("lease", `UPDATE {table} SET claimed_until = {now} + INTERVAL ? MICROSECOND, claim_token = ? WHERE seq IN ({in})`, len(seqs)),
+		args(seqs, lease.Microseconds(), token)...)
+	return seqs, err
+}
+
+// candidates runs the locking read query for up to n rows after seq from.
+func (s *Store) candidates(ctx context.Context, tx *sql.Tx, query string, n int, from int64) ([]candidate, error) {
+	rows, err := tx.QueryContext(ctx, query, from, n)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var cands []candidate
+	for rows.Next() {
+		var c candidate
+		if err := rows.Scan(&c.seq, &c.key, &c.ord, &c.size); err != nil {
+			return nil, err
+		}
+		cands = append(cands, c)
+	}
+	return cands, rows.Err()
+}
+
+// Settle implements backend.Backend. A message published keeps the token
+// of the claim that published it, so that a mark repeated after a reply
+// that was lost (the first one committed) finds it its own.
+func (s *Store) Settle(ctx context.Context, db *sql.DB, published bool, claim string, refs []backend.Ref, ordered bool) ([]int64, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	seqs := make([]int64, len(refs))
+	for i, r := range refs {
+		seqs[i] = r.Seq
+	}
+	if !published {
+		return s.release(ctx, db, claim, seqs)
+	}
+	res, err := db.ExecContext(ctx, s.list("publish", `UPDATE {table} SET published_at = {now}, claimed_until = NULL
+WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL`, len(seqs)), args(seqs, claim)...)
+	if err != nil {
+		return nil, err
+	}
+	done := seqs
+	if n, err := res.RowsAffected(); err != nil || n != int64(len(seqs)) {
+		// Fewer than given: those still carrying the token are the claim's.
+		rows, err := db.QueryContext(ctx, s.list("published", `SELECT seq FROM {table} WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NOT NULL`, len(seqs)),
+			args(seqs, claim)...)
+		if err != nil {
+			return nil, err
+		}
+		if done, err = scanSeqs(rows); err != nil {
+			return nil, err
+		}
+	}
+	if !ordered {
+		return done, nil
+	}
+	return done, s.unhold(ctx, db, keysOf(refs))
+}
+
+// release gives back the rows of seqs the claim holds: the token is
+// cleared, so the rows are read, locked, first.
+func (s *Store) release(ctx context.Context, db *sql.DB, claim string, seqs []int64) (done []int64, err error) {
+	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, s.list("held", `SELECT seq FROM {table} WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL FOR UPDATE`, len(seqs)),
+			args(seqs, claim)...)
+		if err != nil {
+			return err
+		}
+		if done, err = scanSeqs(rows); err != nil || len(done) == 0 {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, s.list("release", `UPDATE {table} SET claimed_until = NULL, claim_token = NULL WHERE claim_token = ? AND seq IN ({in})`, len(done)),
+			args(done, claim)...)
+		return err
+	})
+	return done, err
+}
+
+// Fail implements backend.Backend.
+func (s *Store) Fail(ctx context.Context, db *sql.DB, ref backend.Ref, claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (backend.Failure, bool, error) {
+	res, err := db.ExecContext(ctx, s.q.fail, maxAttempts, reason, delay.Microseconds(), ref.Seq, claim)
+	if err != nil {
+		return backend.Failure{}, false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return backend.Failure{}, false, err
+	}
+	var (
+		f   backend.Failure
+		ord int64
+	)
+	if err := db.QueryRowContext(ctx, s.q.failed, ref.Seq).Scan(&f.Attempts, &f.Parked, &ord); err != nil {
+		return f, true, err
+	}
+	if ordered && ref.Key != "" {
+		err = s.hold(ctx, db, ref.Key, ord, ref.Seq)
+	}
+	return f, true, err
+}
+
+func keysOf(refs []backend.Ref) []string {
+	var keys []string
+	for _, r := range refs {
+		if r.Key != "" {
+			keys = append(keys, r.Key)
+		}
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
+// inKeyOrder puts the rows of each key in their key's order (ord, then
+// seq), each key keeping the places its rows have in the order of seq:
+// seq is drawn when an INSERT begins, before its writer may have waited
+// for the key's turn, so two writers of a key can draw their seqs in the
+// other order than they took the turn.
+func inKeyOrder(rows []backend.Row) {
+	byKey := map[string][]int{}
+	for i, r := range rows {
+		if r.Key != "" {
+			byKey[r.Key] = append(byKey[r.Key], i)
+		}
+	}
+	for _, places := range byKey {
+		if len(places) < 2 {
+			continue
+		}
+		keyRows := make([]backend.Row, len(places))
+		for j, i := range places {
+			keyRows[j] = rows[i]
+		}
+		slices.SortStableFunc(keyRows, func(a, b backend.Row) int {
+			return cmp.Or(cmp.Compare(a.Ord, b.Ord), cmp.Compare(a.Seq, b.Seq))
+		})
+		for j, i := range places {
+			rows[i] = keyRows[j]
+		}
+	}
+}
