@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox/internal/mysqlstore"
 )
 
 var update = flag.Bool("update", false, "rewrite migrations/ from Schema")
@@ -29,7 +31,17 @@ func expectedMigrations(t *testing.T) map[string]string {
 	goose := func(up, down string) string {
 		return "-- +goose Up\n-- +goose StatementBegin\n" + up + "-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n" + down + "-- +goose StatementEnd\n"
 	}
+	my := newBackend(MySQL, tbl)
+	myUp, myDown := mysqlstore.Script(my.SchemaStatements()), mysqlstore.Script(my.DropStatements())
+	const myHead = "-- The outbox table of github.com/acemq/outbox (table \"outbox\") on MySQL and MariaDB, unordered.\n" +
+		"-- Generated from outbox.MySQLSchema; `outbox schema --database-url mysql://... --table NAME` prints it for another name,\n" +
+		"-- and with --ordered the trigger that makes it an ordered table. golang-migrate runs a file of\n" +
+		"-- several statements when the DSN has multiStatements=true.\n\n"
 	return map[string]string{
+		"migrations/mysql/000001_create_outbox.up.sql":    myHead + myUp,
+		"migrations/mysql/000001_create_outbox.down.sql":  myHead + myDown,
+		"migrations/mysql/goose/000001_create_outbox.sql": myHead + "-- +goose Up\n" + myUp + "\n-- +goose Down\n" + myDown,
+
 		"migrations/000001_create_outbox.up.sql":    logHead + logUp,
 		"migrations/000001_create_outbox.down.sql":  logHead + down,
 		"migrations/goose/000001_create_outbox.sql": logHead + goose(logUp, down),

@@ -397,3 +397,33 @@ func TestMySQLRefusesWhatIsPostgreSQLs(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, errors.Is(err, outbox.ErrLeaseLost))
 }
+
+// Issue 41: the MySQL migration files apply as golang-migrate runs them
+// (one file, multiStatements=true) and give a table the store relays
+// from; the down file drops it.
+func TestMySQLMigrationsApply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sql.Open("mysql", mysqltest.DSN(t)+"&multiStatements=true")
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	up, err := outbox.Migrations.ReadFile("migrations/mysql/000001_create_outbox.up.sql")
+	require.NoError(t, err)
+	_, err = db.Exec(string(up))
+	require.NoError(t, err)
+	s, err := outbox.NewStore(db, nil)
+	require.NoError(t, err)
+	l, err := s.Layout(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.LayoutRows, l)
+	addTx(t, db, s, outbox.Event{Type: "migrated"})
+	msgs, err := s.Claim(ctx, 1, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	down, err := outbox.Migrations.ReadFile("migrations/mysql/000001_create_outbox.down.sql")
+	require.NoError(t, err)
+	_, err = db.Exec(string(down))
+	require.NoError(t, err)
+	_, err = s.Layout(ctx)
+	require.ErrorContains(t, err, "does not exist")
+}

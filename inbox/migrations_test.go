@@ -20,7 +20,15 @@ func TestMigrationsMatchSchema(t *testing.T) {
 	down, err := DropSchema(TableDefault)
 	require.NoError(t, err)
 	const head = "-- The inbox table of github.com/acemq/outbox/inbox (table \"inbox\").\n-- Generated from inbox.Schema; `outbox inbox schema --table NAME` prints it for another name.\n\n"
+	myUp, err := MySQLSchema(TableDefault)
+	require.NoError(t, err)
+	const myHead = "-- The inbox table of github.com/acemq/outbox/inbox (table \"inbox\") on MySQL and MariaDB.\n-- Generated from inbox.MySQLSchema; `outbox inbox schema --database-url mysql://... --table NAME` prints it for another name.\n\n"
+	myDown := "DROP TABLE IF EXISTS `inbox`;\n"
 	for path, want := range map[string]string{
+		"migrations/mysql/000001_create_inbox.up.sql":   myHead + myUp,
+		"migrations/mysql/000001_create_inbox.down.sql": myHead + myDown,
+		"migrations/mysql/goose/000001_create_inbox.sql": myHead + "-- +goose Up\n" + myUp +
+			"\n-- +goose Down\n" + myDown,
 		"migrations/000001_create_inbox.up.sql":   head + up,
 		"migrations/000001_create_inbox.down.sql": head + down,
 		"migrations/goose/000001_create_inbox.sql": head + "-- +goose Up\n-- +goose StatementBegin\n" + up +

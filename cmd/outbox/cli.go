@@ -147,7 +147,7 @@ func newCommon(name string, x *cli, table string) *common {
 	c.table = table
 	// The default is never taken from the environment here: flag prints
 	// defaults in its usage text, and DATABASE_URL holds a password.
-	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string (default $DATABASE_URL)")
+	c.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL or keyword/value string, or MySQL/MariaDB URL (mysql://user@host:3306/db) or DSN (default $DATABASE_URL)")
 	if table != "" {
 		c.fs.Var(&onceFlag{p: &c.table}, "table", "the `table`, optionally schema-qualified")
 	}

@@ -397,13 +397,12 @@ func (c *common) printOrApply(ctx context.Context, ddl string, apply bool) error
 }
 
 // mysqlSchema is `outbox schema` on MySQL or MariaDB: one layout, rows,
-// unordered, without NOTIFY.
+// without NOTIFY; --ordered adds the order trigger (applied only when the
+// table does not have it).
 func (c *common) mysqlSchema(ctx context.Context, apply bool, layout string, ordered, notify bool) error {
 	switch {
 	case layout != "" && layout != "rows":
 		return c.usageError("--layout %s: on MySQL and MariaDB a table has the rows layout only (leave --layout out)", layout)
-	case ordered:
-		return c.usageError("--ordered: ordered tables are on PostgreSQL only so far")
 	case notify:
 		return c.usageError("--notify: LISTEN/NOTIFY is PostgreSQL's; on MySQL and MariaDB relays poll (--poll-interval)")
 	}
@@ -411,11 +410,22 @@ func (c *common) mysqlSchema(ctx context.Context, apply bool, layout string, ord
 	if err != nil {
 		return err
 	}
+	if ordered {
+		more, err := outbox.MySQLOrderSchema(c.table)
+		if err != nil {
+			return err
+		}
+		ddl += "\n-- The order trigger. With the mysql client, run it between DELIMITER // and DELIMITER ;\n" + more
+	}
 	if !apply {
 		_, err := fmt.Fprint(c.stdout, ddl)
 		return err
 	}
-	db, store, err := c.open(ctx, nil)
+	cfg := &outbox.StoreConfig{}
+	if ordered {
+		cfg.Ordering = outbox.OrderedByKey
+	}
+	db, store, err := c.open(ctx, cfg)
 	if err != nil {
 		return err
 	}

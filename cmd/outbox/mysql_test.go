@@ -51,8 +51,11 @@ func TestMySQLCommands(t *testing.T) {
 	require.Zero(t, code, out)
 	require.Contains(t, out, "table outbox is ready")
 	out, code = cmd("schema", "--ordered")
+	require.Zero(t, code, out)
+	require.Contains(t, out, "CREATE TRIGGER `outbox_order` BEFORE INSERT ON `outbox`")
+	out, code = cmd("schema", "--notify")
 	require.Equal(t, 2, code)
-	require.Contains(t, out, "ordered tables are on PostgreSQL only")
+	require.Contains(t, out, "LISTEN/NOTIFY is PostgreSQL's")
 
 	store, err := outbox.NewStore(db, &outbox.StoreConfig{MaxAttempts: 1})
 	require.NoError(t, err)
