@@ -112,11 +112,16 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if o.keys > 0 && o.rate > 0 {
 		return c.usageError("--keys goes with --rate 0 (the latency runs tell messages apart by their keys)")
 	}
-	if o.layout == "" {
+	mysql := c.onMySQL()
+	switch {
+	case mysql && o.claims:
+		return c.usageError("--claims measures PostgreSQL's claim index; leave it out on MySQL and MariaDB")
+	case mysql && o.layout == "log":
+		return c.usageError("--layout log is PostgreSQL's; on MySQL and MariaDB a table has the rows layout")
+	case o.layout == "" && (o.claims || mysql):
+		o.layout = "rows"
+	case o.layout == "":
 		o.layout = "log"
-		if o.claims {
-			o.layout = "rows"
-		}
 	}
 	if o.layout != "rows" && o.layout != "log" {
 		return c.usageError("--layout must be rows or log (got %q)", o.layout)
@@ -156,12 +161,16 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	if err := create(ctx); err != nil {
 		return err
 	}
-	defer db.ExecContext(context.WithoutCancel(ctx), dropScratch(c.table)) //nolint:errcheck
+	drop := dropScratch(c.table)
+	if mysql {
+		drop = "DROP TABLE IF EXISTS `" + c.table + "`, `" + c.table + "_keys`"
+	}
+	defer db.ExecContext(context.WithoutCancel(ctx), drop) //nolint:errcheck
 	if o.claims {
 		return claims(ctx, c, o, db)
 	}
 	if o.holdSnapshot {
-		release, err := holdSnapshot(ctx, db)
+		release, err := holdSnapshot(ctx, db, mysql)
 		if err != nil {
 			return err
 		}
@@ -207,13 +216,17 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 
-	var pgVersion string
-	_ = db.QueryRowContext(ctx, "SHOW server_version").Scan(&pgVersion)
+	dbVersion, version := "PostgreSQL", "SHOW server_version"
+	if mysql {
+		dbVersion, version = "MySQL/MariaDB", "SELECT VERSION()"
+	}
+	var v string
+	_ = db.QueryRowContext(ctx, version).Scan(&v)
 	rmqVersion, _ := conn.Properties["version"].(string)
-	fmt.Fprintf(c.stdout, "bench: %d cores, %s, PostgreSQL %s, RabbitMQ %s; %s layout; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
-		runtime.NumCPU(), runtime.Version(), pgVersion, rmqVersion, o.layout, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
+	fmt.Fprintf(c.stdout, "bench: %d cores, %s, %s %s, RabbitMQ %s; %s layout; %d-byte persistent messages, durable queue, consumer acking every %d (prefetch %d); relay defaults, batch %d, %d in flight; %d run(s), median [min–max]\n",
+		runtime.NumCPU(), runtime.Version(), dbVersion, v, rmqVersion, o.layout, o.size, o.ackEvery, o.prefetch, o.batch, o.inFlight, o.runs)
 
-	bench := &bencher{o: o, db: db, store: store, orderedStore: ordered, conn: conn, pubConn: pubConn, dialer: dialer, urls: urls, exchange: exchange, queue: queue, table: c.table,
+	bench := &bencher{o: o, mysql: mysql, db: db, store: store, orderedStore: ordered, conn: conn, pubConn: pubConn, dialer: dialer, urls: urls, exchange: exchange, queue: queue, table: c.table,
 		payload: []byte(`"` + strings.Repeat("x", max(o.size-2, 0)) + `"`), stderr: c.stderr}
 	if o.rate == 0 {
 		return bench.throughput(ctx, c.stdout)
@@ -230,6 +243,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 
 type bencher struct {
 	o               benchOptions
+	mysql           bool // on MySQL or MariaDB
 	db              *sql.DB
 	store           *outbox.Store    // the writers' and the relay's
 	orderedStore    *outbox.Store    // the same table in ordered mode

@@ -76,9 +76,9 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		}
 		relayed.add(l)
 		relayedCPU = append(relayedCPU, l.cpu)
-		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms%s; %d dead row versions left by the run%s; relay: %s%s\n",
+		fmt.Fprintf(b.stderr, "bench: run %d: p50 %.1fms p99 %.1fms, first fifth p50 %.1fms, last fifth p50 %.1fms%s; %s%s; relay: %s%s\n",
 			run, ms(percentile(l.sorted, 0.5)), ms(percentile(l.sorted, 0.99)), ms(l.fifths[0]), ms(l.fifths[1]), lastMinuteText(l),
-			b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases, floor)
+			b.deadText(), b.bookkeeping(ctx), b.phases, floor)
 		fmt.Fprintf(b.stderr, "bench: run %d: CPU: relay: %s%s\n", run, l.cpu.text(b.o.relayProcess), floorCPU)
 	}
 	where := "in the bench's process"

@@ -62,10 +62,17 @@ func (b *bencher) startRelayProcess(st *outbox.Store) (func() relay.Stats, error
 
 // holdSnapshot opens a REPEATABLE READ transaction on a connection of its
 // own and takes its snapshot, which holds VACUUM back until release.
-func holdSnapshot(ctx context.Context, db *sql.DB) (release func(), err error) {
+func holdSnapshot(ctx context.Context, db *sql.DB, mysql bool) (release func(), err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if mysql { // InnoDB takes a read view at the first read of a table, or here
+		if _, err := conn.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT"); err != nil {
+			conn.Close()
+			return nil, err
+		}
+		return func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); conn.Close() }, nil
 	}
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	if err != nil {
@@ -86,6 +93,10 @@ func holdSnapshot(ctx context.Context, db *sql.DB) (release func(), err error) {
 // In the log layout, the events table's are those of its partitions.
 func (b *bencher) deadTuples(ctx context.Context) int64 {
 	var n int64
+	if b.mysql { // InnoDB's: the undo records not purged yet, the whole server's
+		_ = b.db.QueryRowContext(ctx, `SELECT count FROM information_schema.innodb_metrics WHERE name = 'trx_rseg_history_len'`).Scan(&n)
+		return n
+	}
 	_ = b.db.QueryRowContext(ctx, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
 WHERE relid = to_regclass($1) OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))`, b.table).Scan(&n)
 	return n
@@ -96,6 +107,9 @@ WHERE relid = to_regclass($1) OR relid IN (SELECT inhrelid FROM pg_inherits WHER
 // -1 when it cannot tell.
 func (b *bencher) walFlushes(ctx context.Context) int64 {
 	var n int64
+	if b.mysql {
+		return -1
+	}
 	if err := b.db.QueryRowContext(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n); err != nil {
 		return -1
 	}
@@ -109,6 +123,16 @@ func (b *bencher) walText() string {
 		return ""
 	}
 	return fmt.Sprintf("; the server flushed its WAL %d times while the relay ran", b.walDuring)
+}
+
+// deadText says what row versions the last run left behind: PostgreSQL's
+// dead ones in the table, or InnoDB's history list (the server's undo
+// records not purged yet) before and after it.
+func (b *bencher) deadText() string {
+	if b.mysql {
+		return fmt.Sprintf("InnoDB history list length %d before the run, %d after", b.deadBefore, b.deadAfter)
+	}
+	return fmt.Sprintf("%d dead row versions left by the run", b.deadAfter-b.deadBefore)
 }
 
 // bookkeeping describes, in the log layout, the rows and dead row versions
@@ -138,6 +162,9 @@ func (b *bencher) bookkeeping(ctx context.Context) string {
 // truncateSQL empties the scratch table before a run: in the log layout,
 // with its bookkeeping.
 func (b *bencher) truncateSQL() string {
+	if b.mysql {
+		return "TRUNCATE TABLE `" + b.table + "`"
+	}
 	if b.o.layout == "log" {
 		return fmt.Sprintf(`TRUNCATE "%[1]s", "%[1]s_batch", "%[1]s_settle", "%[1]s_failed"`, b.table)
 	}

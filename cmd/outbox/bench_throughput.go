@@ -64,8 +64,8 @@ func (b *bencher) throughput(ctx context.Context, out io.Writer) error {
 		cpuBroker, cpuShaped, cpuRelay = append(cpuBroker, brokerCPU), append(cpuShaped, shapedCPU), append(cpuRelay, relayCPU)
 		before, after := rate/limit, rate/limitAfter
 		perRun = append(perRun, fmt.Sprintf("%.2f/%.2f", before, after))
-		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f; as the relay publishes them: %.0f), relay %.0f msgs/s, broker alone again %.0f msgs/s: the relay = %.2f × the broker alone before it, %.2f × after, %.2f × as the relay publishes%s; %d dead row versions left by the run%s; relay: %s\n",
-			run, limit, limitShaped, limitMany, rate, limitAfter, before, after, rate/limitMany, b.walText(), b.deadAfter-b.deadBefore, b.bookkeeping(ctx), b.phases)
+		fmt.Fprintf(b.stderr, "bench: run %d: broker alone %.0f msgs/s (the relay's messages: %.0f; as the relay publishes them: %.0f), relay %.0f msgs/s, broker alone again %.0f msgs/s: the relay = %.2f × the broker alone before it, %.2f × after, %.2f × as the relay publishes%s; %s%s; relay: %s\n",
+			run, limit, limitShaped, limitMany, rate, limitAfter, before, after, rate/limitMany, b.walText(), b.deadText(), b.bookkeeping(ctx), b.phases)
 		fmt.Fprintf(b.stderr, "bench: run %d: CPU: broker alone: %s; the relay's messages: %s; as the relay publishes them: %s; relay: %s; broker alone again: %s\n",
 			run, brokerCPU.text(false), shapedCPU.text(false), manyCPU.text(false), relayCPU.text(b.o.relayProcess), b.cpu.text(false))
 		if b.o.ordered {

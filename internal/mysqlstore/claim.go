@@ -33,7 +33,7 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duratio
 	if err != nil || len(seqs) == 0 {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, s.list("claimed", `SELECT {columns} FROM {table} WHERE claim_token = ? AND seq IN ({in}) ORDER BY seq`, len(seqs)),
+	rows, err := db.QueryContext(ctx, s.list("claimed", `SELECT {columns} FROM {table} FORCE INDEX (PRIMARY) WHERE claim_token = ? AND seq IN ({in}) ORDER BY seq`, len(seqs)),
 		args(seqs, token.String())...)
 	if err != nil {
 		return nil, fmt.Errorf("reading the claimed messages: %w", err)
@@ -75,7 +75,7 @@ func (s *Store) lock(ctx context.Context, tx *sql.Tx, n int, lease time.Duration
 	if len(seqs) == 0 {
 		return nil, nil
 	}
-	_, err = tx.ExecContext(ctx, s.list("lease", `UPDATE {table} SET claimed_until = {now} + INTERVAL ? MICROSECOND, claim_token = ? WHERE seq IN ({in})`, len(seqs)),
+	_, err = tx.ExecContext(ctx, s.list("lease", `UPDATE {table} FORCE INDEX (PRIMARY) SET claimed_until = {now} + INTERVAL ? MICROSECOND, claim_token = ? WHERE seq IN ({in})`, len(seqs)),
 		args(seqs, lease.Microseconds(), token)...)
 	return seqs, err
 }
@@ -112,7 +112,7 @@ func (s *Store) Settle(ctx context.Context, db *sql.DB, published bool, claim st
 	if !published {
 		return s.release(ctx, db, claim, seqs)
 	}
-	res, err := db.ExecContext(ctx, s.list("publish", `UPDATE {table} SET published_at = {now}, claimed_until = NULL
+	res, err := db.ExecContext(ctx, s.list("publish", `UPDATE {table} FORCE INDEX (PRIMARY) SET published_at = {now}, claimed_until = NULL
 WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL`, len(seqs)), args(seqs, claim)...)
 	if err != nil {
 		return nil, err
@@ -120,7 +120,7 @@ WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL`, len(seqs)), a
 	done := seqs
 	if n, err := res.RowsAffected(); err != nil || n != int64(len(seqs)) {
 		// Fewer than given: those still carrying the token are the claim's.
-		rows, err := db.QueryContext(ctx, s.list("published", `SELECT seq FROM {table} WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NOT NULL`, len(seqs)),
+		rows, err := db.QueryContext(ctx, s.list("published", `SELECT seq FROM {table} FORCE INDEX (PRIMARY) WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NOT NULL`, len(seqs)),
 			args(seqs, claim)...)
 		if err != nil {
 			return nil, err
@@ -139,7 +139,7 @@ WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL`, len(seqs)), a
 // cleared, so the rows are read, locked, first.
 func (s *Store) release(ctx context.Context, db *sql.DB, claim string, seqs []int64) (done []int64, err error) {
 	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.list("held", `SELECT seq FROM {table} WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL FOR UPDATE`, len(seqs)),
+		rows, err := tx.QueryContext(ctx, s.list("held", `SELECT seq FROM {table} FORCE INDEX (PRIMARY) WHERE claim_token = ? AND seq IN ({in}) AND published_at IS NULL FOR UPDATE`, len(seqs)),
 			args(seqs, claim)...)
 		if err != nil {
 			return err
@@ -147,7 +147,7 @@ func (s *Store) release(ctx context.Context, db *sql.DB, claim string, seqs []in
 		if done, err = scanSeqs(rows); err != nil || len(done) == 0 {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, s.list("release", `UPDATE {table} SET claimed_until = NULL, claim_token = NULL WHERE claim_token = ? AND seq IN ({in})`, len(done)),
+		_, err = tx.ExecContext(ctx, s.list("release", `UPDATE {table} FORCE INDEX (PRIMARY) SET claimed_until = NULL, claim_token = NULL WHERE claim_token = ? AND seq IN ({in})`, len(done)),
 			args(done, claim)...)
 		return err
 	})

@@ -124,19 +124,19 @@ func newQueries(table string) queries {
 		// lock every row it read.
 		candidates: r(`SELECT seq, '', 0, LENGTH(payload) + LENGTH(headers) FROM {table} FORCE INDEX (state_idx)
 WHERE {waiting} AND {ready} AND seq > ?
-ORDER BY published_at, parked_at, held, seq
+ORDER BY seq
 LIMIT ?
 FOR UPDATE SKIP LOCKED`),
 		orderedCandidates: r(`SELECT seq, event_key, ord, LENGTH(payload) + LENGTH(headers) FROM {table} FORCE INDEX (state_idx)
 WHERE {waiting} AND {ready} AND seq > ?
-ORDER BY published_at, parked_at, held, seq
+ORDER BY seq
 LIMIT ?
 FOR UPDATE SKIP LOCKED`),
 
 		// MySQL assigns a single-table UPDATE's columns from left to
 		// right, each seeing those before it: parked_at reads attempts
 		// before it is counted.
-		fail: r(`UPDATE {table}
+		fail: r(`UPDATE {table} FORCE INDEX (PRIMARY)
 SET parked_at = CASE WHEN attempts + 1 >= ? THEN {now} END,
     attempts = attempts + 1,
     last_error = ?,
@@ -144,7 +144,7 @@ SET parked_at = CASE WHEN attempts + 1 >= ? THEN {now} END,
     claim_token = NULL,
     available_at = {now} + INTERVAL ? MICROSECOND
 WHERE seq = ? AND claim_token = ? AND published_at IS NULL`),
-		failed: r(`SELECT attempts, parked_at IS NOT NULL, ord FROM {table} WHERE seq = ?`),
+		failed: r(`SELECT attempts, parked_at IS NOT NULL, ord FROM {table} FORCE INDEX (PRIMARY) WHERE seq = ?`),
 		// The waiting messages of the failed one's key after it.
 		holdOf: r(`SELECT seq FROM {table} FORCE INDEX (key_idx)
 WHERE event_key = ? AND published_at IS NULL AND parked_at IS NULL AND NOT held AND (ord > ? OR (ord = ? AND seq > ?))`),
@@ -170,10 +170,10 @@ FROM {table} FORCE INDEX (state_idx) WHERE published_at IS NULL`),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} FORCE INDEX (state_idx) WHERE {held} LIMIT ?) AS h),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} FORCE INDEX (state_idx) WHERE {parked} LIMIT ?) AS k),
 	coalesce(TIMESTAMPDIFF(MICROSECOND, least(
-		coalesce((SELECT created_at FROM {table} FORCE INDEX (state_idx) WHERE {waiting} ORDER BY published_at, parked_at, held, seq LIMIT 1), '9999-12-31'),
-		coalesce((SELECT created_at FROM {table} FORCE INDEX (state_idx) WHERE {held} ORDER BY published_at, parked_at, held, seq LIMIT 1), '9999-12-31'),
+		coalesce((SELECT created_at FROM {table} FORCE INDEX (state_idx) WHERE {waiting} ORDER BY seq LIMIT 1), '9999-12-31'),
+		coalesce((SELECT created_at FROM {table} FORCE INDEX (state_idx) WHERE {held} ORDER BY seq LIMIT 1), '9999-12-31'),
 		coalesce((SELECT min(created_at) FROM {table} FORCE INDEX (state_idx) WHERE {parked}), '9999-12-31')), {now}), 0),
-	coalesce(TIMESTAMPDIFF(MICROSECOND, (SELECT created_at FROM {table} FORCE INDEX (state_idx) WHERE {waiting} AND {ready} ORDER BY published_at, parked_at, held, seq LIMIT 1), {now}), 0),
+	coalesce(TIMESTAMPDIFF(MICROSECOND, (SELECT created_at FROM {table} FORCE INDEX (state_idx) WHERE {waiting} AND {ready} ORDER BY seq LIMIT 1), {now}), 0),
 	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} FORCE INDEX (state_idx) WHERE {parked} AND event_key <> '' LIMIT ?) AS e) AS b)`),
 
 		parkedList: r(`SELECT {columns} FROM {table} FORCE INDEX (state_idx)
@@ -203,7 +203,7 @@ ORDER BY r.seq LIMIT ?`),
 WHERE h.published_at IS NULL AND h.parked_at IS NULL AND h.held
   AND NOT EXISTS (SELECT 1 FROM {table} AS f WHERE f.event_key = h.event_key AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.attempts > 0))
 ORDER BY h.seq LIMIT ?`),
-		unholdAllFind: r(`SELECT seq FROM {table} FORCE INDEX (state_idx) WHERE {held} ORDER BY published_at, parked_at, held, seq LIMIT ?`),
+		unholdAllFind: r(`SELECT seq FROM {table} FORCE INDEX (state_idx) WHERE {held} ORDER BY seq LIMIT ?`),
 	}
 }
 

@@ -56,19 +56,19 @@ func (s *Store) ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids 
 		}
 		n, err := res.RowsAffected()
 		if err == nil { // the held messages of keys without a failed one
-			_, err = s.change(ctx, db, s.q.unholdFind, "unhold", `UPDATE {table} SET held = FALSE WHERE seq IN ({in}) AND {held}`)
+			_, err = s.change(ctx, db, s.q.unholdFind, "unhold", `UPDATE {table} FORCE INDEX (PRIMARY) SET held = FALSE WHERE seq IN ({in}) AND {held}`)
 		}
 		return n, err
 	}
-	kind, text := "retry", `UPDATE {table} SET parked_at = NULL, attempts = 0, available_at = {now} WHERE id IN ({in}) AND {parked}`
+	kind, text := "retry", `UPDATE {table} FORCE INDEX (id_idx) SET parked_at = NULL, attempts = 0, available_at = {now} WHERE id IN ({in}) AND {parked}`
 	if discard {
-		kind, text = "discard", `UPDATE {table} SET published_at = {now}, discarded_at = {now} WHERE id IN ({in}) AND {parked}`
+		kind, text = "discard", `UPDATE {table} FORCE INDEX (id_idx) SET published_at = {now}, discarded_at = {now} WHERE id IN ({in}) AND {parked}`
 	}
 	var total int64
 	for start := 0; start < len(ids); start += idsChunk {
 		chunk := ids[start:min(start+idsChunk, len(ids))]
 		// The keys of the parked ones, whose held messages come back.
-		rows, err := db.QueryContext(ctx, s.list("parked-keys", `SELECT DISTINCT event_key FROM {table} WHERE id IN ({in}) AND {parked} AND event_key <> ''`, len(chunk)), args(chunk)...)
+		rows, err := db.QueryContext(ctx, s.list("parked-keys", `SELECT DISTINCT event_key FROM {table} FORCE INDEX (id_idx) WHERE id IN ({in}) AND {parked} AND event_key <> ''`, len(chunk)), args(chunk)...)
 		if err != nil {
 			return total, err
 		}

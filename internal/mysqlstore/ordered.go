@@ -131,7 +131,7 @@ func (s *Store) unhold(ctx context.Context, db *sql.DB, keys []string) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.bySeq(ctx, db, seqs, "unhold", `UPDATE {table} SET held = FALSE WHERE seq IN ({in}) AND {held}`)
+	_, err = s.bySeq(ctx, db, seqs, "unhold", `UPDATE {table} FORCE INDEX (PRIMARY) SET held = FALSE WHERE seq IN ({in}) AND {held}`)
 	return err
 }
 
@@ -145,7 +145,7 @@ func (s *Store) hold(ctx context.Context, db *sql.DB, key string, ord, seq int64
 	if err != nil {
 		return err
 	}
-	_, err = s.bySeq(ctx, db, seqs, "hold", `UPDATE {table} SET held = TRUE WHERE seq IN ({in}) AND {waiting}`)
+	_, err = s.bySeq(ctx, db, seqs, "hold", `UPDATE {table} FORCE INDEX (PRIMARY) SET held = TRUE WHERE seq IN ({in}) AND {waiting}`)
 	return err
 }
 
@@ -174,13 +174,13 @@ func (s *Store) bySeq(ctx context.Context, db *sql.DB, seqs []int64, kind, updat
 // deadlocked with the relays' marks.
 func (s *Store) Reconcile(ctx context.Context, db *sql.DB, ordered bool) (held, unheld int64, err error) {
 	if !ordered {
-		unheld, err = s.change(ctx, db, s.q.unholdAllFind, "unhold", `UPDATE {table} SET held = FALSE WHERE seq IN ({in}) AND {held}`)
+		unheld, err = s.change(ctx, db, s.q.unholdAllFind, "unhold", `UPDATE {table} FORCE INDEX (PRIMARY) SET held = FALSE WHERE seq IN ({in}) AND {held}`)
 		return 0, unheld, err
 	}
-	if held, err = s.change(ctx, db, s.q.holdFind, "hold-all", `UPDATE {table} SET held = TRUE WHERE seq IN ({in}) AND {waiting}`); err != nil {
+	if held, err = s.change(ctx, db, s.q.holdFind, "hold-all", `UPDATE {table} FORCE INDEX (PRIMARY) SET held = TRUE WHERE seq IN ({in}) AND {waiting}`); err != nil {
 		return 0, 0, err
 	}
-	unheld, err = s.change(ctx, db, s.q.unholdFind, "unhold", `UPDATE {table} SET held = FALSE WHERE seq IN ({in}) AND {held}`)
+	unheld, err = s.change(ctx, db, s.q.unholdFind, "unhold", `UPDATE {table} FORCE INDEX (PRIMARY) SET held = FALSE WHERE seq IN ({in}) AND {held}`)
 	return held, unheld, err
 }
 
