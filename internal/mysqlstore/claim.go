@@ -25,9 +25,17 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("generating claim token: %w", err)
 	}
+	if !ordered {
+		var claimed []backend.Row
+		err = readCommitted(ctx, db, func(tx *sql.Tx) error {
+			claimed, err = s.lockRows(ctx, tx, n, lease, maxBytes, token.String())
+			return err
+		})
+		return claimed, err
+	}
 	var seqs []int64
 	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
-		seqs, err = s.lock(ctx, tx, n, lease, maxBytes, token.String(), ordered)
+		seqs, err = s.lockOrdered(ctx, tx, n, lease, maxBytes, token.String())
 		return err
 	})
 	if err != nil || len(seqs) == 0 {
@@ -39,27 +47,64 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duratio
 		return nil, fmt.Errorf("reading the claimed messages: %w", err)
 	}
 	claimed, err := scanRows(rows)
-	if ordered {
-		inKeyOrder(claimed)
-	}
+	inKeyOrder(claimed)
 	return claimed, err
 }
 
-// lock is the claim's transaction: the candidates locked, those a claim
-// may take (ordered: see claimable) within the byte window leased.
-func (s *Store) lock(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string, ordered bool) ([]int64, error) {
-	query := s.q.candidates
-	if ordered {
-		query = s.q.orderedCandidates
-	}
-	cands, err := s.candidates(ctx, tx, query, n, 0)
+// lockRows is an unordered claim's transaction: the ready rows locked and
+// read whole, in the order of seq, those within the byte window kept (the
+// others are read on, not kept, so that memory holds the window and no
+// more) and leased.
+func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]backend.Row, error) {
+	rows, err := tx.QueryContext(ctx, s.q.candidates, lease.Microseconds(), n)
 	if err != nil {
 		return nil, err
 	}
-	if ordered {
-		if cands, err = s.orderedCandidates(ctx, tx, cands, n); err != nil {
+	defer rows.Close()
+	var (
+		kept   []backend.Row
+		before int64
+	)
+	for rows.Next() {
+		var (
+			r                                 backend.Row
+			created, claimed, parked, size, u int64
+		)
+		if len(kept) > 0 && before >= maxBytes {
+			continue // read on, keeping nothing
+		}
+		if err := rows.Scan(&r.Seq, &r.ID, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload, &r.ContentType, &r.Headers,
+			&created, &r.Attempts, &r.LastError, &r.Claim, &claimed, &parked, &r.Ord, &size, &u); err != nil {
 			return nil, err
 		}
+		r.CreatedAt, r.ParkedAt, r.ClaimedUntil, r.Claim = fromMicros(created), fromMicros(parked), fromMicros(u), token
+		kept = append(kept, r)
+		before += size
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(kept) == 0 {
+		return nil, nil
+	}
+	seqs := make([]int64, len(kept))
+	for i, r := range kept {
+		seqs[i] = r.Seq
+	}
+	_, err = tx.ExecContext(ctx, s.list("lease", `UPDATE {table} FORCE INDEX (PRIMARY) SET claimed_until = {now} + INTERVAL ? MICROSECOND, claim_token = ? WHERE seq IN ({in})`, len(seqs)),
+		args(seqs, lease.Microseconds(), token)...)
+	return kept, err
+}
+
+// lockOrdered is an ordered claim's transaction: the candidates locked,
+// those a claim may take (see claimable) within the byte window leased.
+func (s *Store) lockOrdered(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]int64, error) {
+	cands, err := s.candidates(ctx, tx, s.q.orderedCandidates, n, 0)
+	if err != nil {
+		return nil, err
+	}
+	if cands, err = s.orderedCandidates(ctx, tx, cands, n); err != nil {
+		return nil, err
 	}
 	var (
 		seqs   []int64

@@ -122,8 +122,11 @@ func newQueries(table string) queries {
 		// FORCE INDEX: the optimizer must walk the waiting rows in the
 		// order of seq and stop at the LIMIT; a plan that sorted would
 		// lock every row it read.
-		candidates: r(`SELECT seq, '', 0, LENGTH(payload) + LENGTH(headers) FROM {table} FORCE INDEX (state_idx)
-WHERE {waiting} AND {ready} AND seq > ?
+		// An unordered claim reads its rows whole, with the lease's end by
+		// the database's clock (the UPDATE after it ends it no earlier).
+		candidates: r(`SELECT {columns}, LENGTH(payload) + LENGTH(headers), ` + micros("{now} + INTERVAL ? MICROSECOND") + `
+FROM {table} FORCE INDEX (state_idx)
+WHERE {waiting} AND {ready}
 ORDER BY seq
 LIMIT ?
 FOR UPDATE SKIP LOCKED`),
