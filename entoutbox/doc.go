@@ -36,5 +36,7 @@
 // are written in creation order, in one INSERT.
 //
 // The raw ExecContext bypasses ent's session variables (entsql.WithVar).
-// Only PostgreSQL is supported.
+// PostgreSQL and MySQL or MariaDB are supported: set Config.Database to
+// outbox.MySQL for ent's dialect.MySQL (a mutation of the other dialect
+// is refused before it runs).
 package entoutbox

@@ -42,5 +42,7 @@
 // alone and cost nothing measurable.
 //
 // The outbox INSERT is sent directly on the connection and does not pass
-// through GORM's logger. Only PostgreSQL is supported.
+// through GORM's logger. PostgreSQL (gorm.io/driver/postgres) and MySQL or
+// MariaDB (gorm.io/driver/mysql) are supported: the plugin's store speaks
+// the dialector's database.
 package gormoutbox

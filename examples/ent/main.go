@@ -70,14 +70,18 @@ func run() error {
 		return err
 	}
 	defer db.Close()
-	client := ent.NewClient(ent.Driver(entsql.OpenDB(dialect.Postgres, db)))
+	dialectName, database := dialect.Postgres, outbox.PostgreSQL
+	if demo.MySQL() { // DATABASE_URL=mysql://…
+		dialectName, database = dialect.MySQL, outbox.MySQL
+	}
+	client := ent.NewClient(ent.Driver(entsql.OpenDB(dialectName, db)))
 	if err := client.Schema.Create(ctx); err != nil {
 		return err
 	}
 
 	// The outbox: a rule turns every created order into an event, and the
 	// hook writes it through the order's transaction.
-	ob, err := entoutbox.New(&entoutbox.Config{Table: env.Schema + ".outbox", Router: outbox.ToExchange(env.Exchange)})
+	ob, err := entoutbox.New(&entoutbox.Config{Table: env.Schema + ".outbox", Router: outbox.ToExchange(env.Exchange), Database: database})
 	if err != nil {
 		return err
 	}

@@ -6,8 +6,9 @@
 //
 //	go run ./examples/gorm
 //
-// It reads DATABASE_URL and AMQP_URL (local defaults), creates a schema and
-// an exchange of its own, and removes them when it is done.
+// It reads DATABASE_URL and AMQP_URL (local defaults), creates a schema (on
+// MySQL or MariaDB, DATABASE_URL=mysql://…, a database) and an exchange of
+// its own, and removes them when it is done.
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -80,7 +82,11 @@ func run() error {
 	}
 	defer env.Close()
 
-	db, err := gorm.Open(postgres.New(postgres.Config{Conn: env.DB}), &gorm.Config{
+	dialector := postgres.New(postgres.Config{Conn: env.DB})
+	if demo.MySQL() { // DATABASE_URL=mysql://…: GORM's MySQL dialector, the same plugin
+		dialector = mysql.New(mysql.Config{Conn: env.DB})
+	}
+	db, err := gorm.Open(dialector, &gorm.Config{
 		Logger:         logger.Default.LogMode(logger.Silent),
 		NamingStrategy: schema.NamingStrategy{TablePrefix: env.Schema + "."},
 	})

@@ -15,9 +15,11 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"   // and the "mysql" database/sql driver
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -40,10 +42,41 @@ var (
 	AMQPURL     = Env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 )
 
+// MySQL says whether DATABASE_URL is MySQL's or MariaDB's (a mysql://
+// URL or a go-sql-driver DSN) rather than PostgreSQL's.
+func MySQL() bool {
+	_, ok := mysqlDSN(DatabaseURL, "")
+	return ok
+}
+
+// mysqlDSN returns the go-sql-driver DSN of url, a mysql:// URL or a DSN,
+// with its database set to db ("": as given); ok is false for any other.
+func mysqlDSN(s, db string) (dsn string, ok bool) {
+	var cfg *mysql.Config
+	if rest, found := strings.CutPrefix(s, "mysql://"); found {
+		u, err := url.Parse("mysql://" + rest)
+		if err != nil {
+			return "", false
+		}
+		cfg = mysql.NewConfig()
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+		cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
+	} else if c, err := mysql.ParseDSN(s); err == nil && strings.Contains(s, "@tcp(") {
+		cfg = c
+	} else {
+		return "", false
+	}
+	if db != "" {
+		cfg.DBName = db
+	}
+	return cfg.FormatDSN(), true
+}
+
 // Run is one example run.
 type Run struct {
 	DB       *sql.DB
-	Schema   string // a PostgreSQL schema of this run's own
+	Schema   string // a PostgreSQL schema (a MySQL database) of this run's own
 	Exchange string // a topic exchange of this run's own, bound to Queue
 	Queue    string
 
@@ -61,22 +94,32 @@ func Start(ctx context.Context, name string) (*Run, error) {
 	suffix := hex.EncodeToString(b[:])
 	r := &Run{Schema: "example_" + name + "_" + suffix, Exchange: "examples." + name + "." + suffix, received: map[string]bool{}}
 
-	db, err := sql.Open("pgx", DatabaseURL)
+	driver, dsn, server := "pgx", DatabaseURL, "PostgreSQL"
+	if d, ok := mysqlDSN(DatabaseURL, ""); ok {
+		driver, dsn, server = "mysql", d, "MySQL/MariaDB"
+	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return nil, err
 	}
 	if err := db.PingContext(ctx); err != nil {
-		return nil, fmt.Errorf("cannot reach PostgreSQL (DATABASE_URL): %w; start it with `docker compose up -d --wait`", err)
+		return nil, fmt.Errorf("cannot reach %s (DATABASE_URL): %w; start it with `docker compose up -d --wait`", server, err)
 	}
 	r.DB = db
-	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+r.Schema+`"`); err != nil {
+	create := `CREATE SCHEMA "` + r.Schema + `"`
+	if MySQL() {
+		create = "CREATE DATABASE `" + r.Schema + "`"
+	}
+	if _, err := db.ExecContext(ctx, create); err != nil {
 		return nil, err
 	}
-	ddl, err := outbox.Schema(r.Schema + ".outbox") // the default layout, log; in production: migrations/
+	// In production the table is your migrations' (migrations/, or
+	// migrations/mysql/): on PostgreSQL the default layout, log.
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: r.Schema + ".outbox"})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := db.ExecContext(ctx, ddl); err != nil {
+	if err := store.CreateSchemaIfAbsent(ctx); err != nil {
 		return nil, err
 	}
 
@@ -109,13 +152,19 @@ func Start(ctx context.Context, name string) (*Run, error) {
 	if err := ib.CreateSchemaIfAbsent(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE "`+r.Schema+`".invoices (message_id text NOT NULL, body jsonb)`); err != nil {
+	invoices, insert := `CREATE TABLE "`+r.Schema+`".invoices (message_id text NOT NULL, body jsonb)`,
+		// The body as text, cast in SQL: a []byte would travel as bytea in
+		// pgx's exec and simple_protocol modes (what poolers need).
+		`INSERT INTO "`+r.Schema+`".invoices VALUES ($1, $2::text::jsonb)`
+	if MySQL() {
+		invoices, insert = "CREATE TABLE `"+r.Schema+"`.invoices (message_id VARCHAR(255) NOT NULL, body JSON)",
+			"INSERT INTO `"+r.Schema+"`.invoices VALUES (?, ?)"
+	}
+	if _, err := db.ExecContext(ctx, invoices); err != nil {
 		return nil, err
 	}
 	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		// The body as text, cast in SQL: a []byte would travel as bytea in
-		// pgx's exec and simple_protocol modes (what poolers need).
-		_, err := tx.ExecContext(ctx, `INSERT INTO "`+r.Schema+`".invoices VALUES ($1, $2::text::jsonb)`, d.MessageId, string(d.Body))
+		_, err := tx.ExecContext(ctx, insert, d.MessageId, string(d.Body))
 		return err
 	}
 	deliveries, err := ch.Consume(q.Name, "", false, true, false, false, nil)
@@ -188,7 +237,11 @@ func (r *Run) Await(want int, timeout time.Duration) int {
 // became of each event).
 func (r *Run) Published(ctx context.Context) (int, error) {
 	var n int
-	err := r.DB.QueryRowContext(ctx, `SELECT count(*) FROM "`+r.Schema+`".outbox_messages WHERE published_at IS NOT NULL`).Scan(&n)
+	q := `SELECT count(*) FROM "` + r.Schema + `".outbox_messages WHERE published_at IS NOT NULL`
+	if MySQL() { // one layout, one row per message
+		q = "SELECT count(*) FROM `" + r.Schema + "`.outbox WHERE published_at IS NOT NULL"
+	}
+	err := r.DB.QueryRowContext(ctx, q).Scan(&n)
 	return n, err
 }
 
@@ -199,7 +252,11 @@ func (r *Run) Close() {
 		r.conn.Close()
 	}
 	if r.DB != nil {
-		_, _ = r.DB.Exec(`DROP SCHEMA IF EXISTS "` + r.Schema + `" CASCADE`)
+		drop := `DROP SCHEMA IF EXISTS "` + r.Schema + `" CASCADE`
+		if MySQL() {
+			drop = "DROP DATABASE IF EXISTS `" + r.Schema + "`"
+		}
+		_, _ = r.DB.Exec(drop)
 		r.DB.Close()
 	}
 }
@@ -207,6 +264,9 @@ func (r *Run) Close() {
 // SchemaDB opens a pool whose unqualified table names resolve in the run's
 // schema, for ent, which does not qualify its tables.
 func (r *Run) SchemaDB() (*sql.DB, error) {
+	if dsn, ok := mysqlDSN(DatabaseURL, r.Schema); ok {
+		return sql.Open("mysql", dsn)
+	}
 	u, err := url.Parse(DatabaseURL)
 	if err != nil {
 		return nil, err
