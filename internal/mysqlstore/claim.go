@@ -56,7 +56,8 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duratio
 // others are read on, not kept, so that memory holds the window and no
 // more) and leased.
 func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]backend.Row, error) {
-	rows, err := tx.QueryContext(ctx, s.q.candidates, lease.Microseconds(), n)
+	from := s.low.from()
+	rows, err := tx.QueryContext(ctx, s.q.candidates, lease.Microseconds(), from, n)
 	if err != nil {
 		return nil, err
 	}
@@ -85,8 +86,10 @@ func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Dura
 		return nil, err
 	}
 	if len(kept) == 0 {
+		s.low.found(from, 0)
 		return nil, nil
 	}
+	s.low.found(from, kept[len(kept)-1].Seq)
 	seqs := make([]int64, len(kept))
 	for i, r := range kept {
 		seqs[i] = r.Seq
@@ -99,9 +102,17 @@ func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Dura
 // lockOrdered is an ordered claim's transaction: the candidates locked,
 // those a claim may take (see claimable) within the byte window leased.
 func (s *Store) lockOrdered(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]int64, error) {
-	cands, err := s.candidates(ctx, tx, s.q.orderedCandidates, n, 0)
+	from := s.low.from()
+	cands, err := s.candidates(ctx, tx, s.q.orderedCandidates, n, from)
 	if err != nil {
 		return nil, err
+	}
+	// The rows before the first candidate are not ready; the candidates
+	// the order holds back may be ready for the next claim.
+	if len(cands) == 0 {
+		s.low.found(from, 0)
+	} else {
+		s.low.found(from, cands[0].seq-1)
 	}
 	if cands, err = s.orderedCandidates(ctx, tx, cands, n); err != nil {
 		return nil, err
@@ -196,6 +207,9 @@ func (s *Store) release(ctx context.Context, db *sql.DB, claim string, seqs []in
 			args(done, claim)...)
 		return err
 	})
+	if err == nil && len(done) > 0 {
+		s.low.lower(slices.Min(done) - 1) // ready again now
+	}
 	return done, err
 }
 
@@ -208,6 +222,7 @@ func (s *Store) Fail(ctx context.Context, db *sql.DB, ref backend.Ref, claim, re
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return backend.Failure{}, false, err
 	}
+	s.low.lower(ref.Seq - 1) // due again after its backoff
 	var (
 		f   backend.Failure
 		ord int64

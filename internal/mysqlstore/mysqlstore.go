@@ -52,6 +52,7 @@ type Store struct {
 	name    string
 
 	q     queries
+	low   lowMark // where claims read from (low.go)
 	mu    sync.Mutex
 	lists map[string]string // statement texts by kind and list length
 }
@@ -126,7 +127,7 @@ func newQueries(table string) queries {
 		// the database's clock (the UPDATE after it ends it no earlier).
 		candidates: r(`SELECT {columns}, LENGTH(payload) + LENGTH(headers), ` + micros("{now} + INTERVAL ? MICROSECOND") + `
 FROM {table} FORCE INDEX (state_idx)
-WHERE {waiting} AND {ready}
+WHERE {waiting} AND {ready} AND seq > ?
 ORDER BY seq
 LIMIT ?
 FOR UPDATE SKIP LOCKED`),

@@ -49,6 +49,7 @@ const idsChunk = 500
 
 // ChangeParked implements backend.Backend.
 func (s *Store) ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
+	defer s.low.lower(0) // retried ones are ready, and the messages behind them
 	if ids == nil {
 		res, err := db.ExecContext(ctx, s.q.retryAll)
 		if err != nil {

@@ -164,6 +164,9 @@ func (s *Store) bySeq(ctx context.Context, db *sql.DB, seqs []int64, kind, updat
 		}
 		return err
 	})
+	if err == nil && n > 0 && strings.HasPrefix(kind, "unhold") {
+		s.low.lower(seqs[0] - 1) // back among the waiting rows
+	}
 	return n, err
 }
 

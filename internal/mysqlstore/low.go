@@ -1,0 +1,65 @@
+package mysqlstore
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// A claim reads state_idx from a low-water mark rather than from its
+// start. A message published leaves a delete-marked entry at the start of
+// the waiting rows' range, which InnoDB purges only once no read view can
+// see it: while a long REPEATABLE READ transaction is open, every claim
+// that read from the start stepped over all the entries of what had been
+// published since, and the relay fell from 1,000 messages a second to 105
+// (BENCHMARKS.md). The mark is a hint, never a promise: a claim that finds
+// its first ready row moves it there; a row below it that becomes ready
+// again (its lease ran out, its backoff ended, a release by another
+// process) is found by the claim that reads from the start, one a second
+// (fullEvery), or at once when this store released it or counted its
+// failure (lower).
+
+// fullEvery is how often a claim reads the waiting rows from their start.
+const fullEvery = time.Second
+
+type lowMark struct {
+	seq    atomic.Int64 // claims read rows above it
+	fullAt atomic.Int64 // when a claim last read from the start, Unix nanoseconds
+}
+
+// from returns the seq a claim reads from (0: the start, when due).
+func (l *lowMark) from() int64 {
+	now := time.Now().UnixNano()
+	if at := l.fullAt.Load(); now-at >= int64(fullEvery) && l.fullAt.CompareAndSwap(at, now) {
+		return 0
+	}
+	return l.seq.Load()
+}
+
+// found records what a claim that read from from found: the rows up to
+// after are not ready for the next claim (taken by this one, or not
+// ready); after is 0 when it found nothing.
+func (l *lowMark) found(from, after int64) {
+	if after == 0 {
+		if from > 0 {
+			l.fullAt.Store(0) // nothing above the mark: the next claim reads from the start
+		}
+		return
+	}
+	for {
+		cur := l.seq.Load()
+		if cur >= after && from > 0 || l.seq.CompareAndSwap(cur, after) {
+			return
+		}
+	}
+}
+
+// lower makes the next claim read from seq (a row this store made ready
+// again).
+func (l *lowMark) lower(seq int64) {
+	for {
+		cur := l.seq.Load()
+		if cur < seq || l.seq.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
