@@ -56,12 +56,13 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duratio
 // others are read on, not kept, so that memory holds the window and no
 // more) and leased.
 func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]backend.Row, error) {
-	from := s.low.from()
+	from, start := s.low.from(), time.Now()
 	rows, err := tx.QueryContext(ctx, s.q.candidates, lease.Microseconds(), from, n)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
+	defer func() { s.low.read(from, time.Since(start)) }()
 	var (
 		kept   []backend.Row
 		before int64
@@ -102,11 +103,12 @@ func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Dura
 // lockOrdered is an ordered claim's transaction: the candidates locked,
 // those a claim may take (see claimable) within the byte window leased.
 func (s *Store) lockOrdered(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]int64, error) {
-	from := s.low.from()
+	from, start := s.low.from(), time.Now()
 	cands, err := s.candidates(ctx, tx, s.q.orderedCandidates, n, from)
 	if err != nil {
 		return nil, err
 	}
+	s.low.read(from, time.Since(start))
 	// The rows before the first candidate are not ready; the candidates
 	// the order holds back may be ready for the next claim.
 	if len(cands) == 0 {

@@ -15,24 +15,38 @@ import (
 // its first ready row moves it there; a row below it that becomes ready
 // again (its lease ran out, its backoff ended, a release by another
 // process) is found by the claim that reads from the start, one a second
-// (fullEvery), or at once when this store released it or counted its
-// failure (lower).
+// (fullEvery) or, when such a read is slow (the entries it steps over),
+// no more than a twentieth of the time (fullShare); or at once when this
+// store released it or counted its failure (lower).
 
-// fullEvery is how often a claim reads the waiting rows from their start.
-const fullEvery = time.Second
+// fullEvery is how often a claim reads the waiting rows from their start,
+// at most; fullShare the most of the claims' time such reads may take.
+const (
+	fullEvery = time.Second
+	fullShare = 20
+)
 
 type lowMark struct {
-	seq    atomic.Int64 // claims read rows above it
-	fullAt atomic.Int64 // when a claim last read from the start, Unix nanoseconds
+	seq      atomic.Int64 // claims read rows above it
+	fullAt   atomic.Int64 // when a claim last read from the start, Unix nanoseconds
+	fullTook atomic.Int64 // how long that read took, nanoseconds
 }
 
 // from returns the seq a claim reads from (0: the start, when due).
 func (l *lowMark) from() int64 {
 	now := time.Now().UnixNano()
-	if at := l.fullAt.Load(); now-at >= int64(fullEvery) && l.fullAt.CompareAndSwap(at, now) {
+	every := max(int64(fullEvery), fullShare*l.fullTook.Load())
+	if at := l.fullAt.Load(); now-at >= every && l.fullAt.CompareAndSwap(at, now) {
 		return 0
 	}
 	return l.seq.Load()
+}
+
+// read records how long a claim's read from from took.
+func (l *lowMark) read(from int64, took time.Duration) {
+	if from == 0 {
+		l.fullTook.Store(int64(took))
+	}
 }
 
 // found records what a claim that read from from found: the rows up to
@@ -40,8 +54,8 @@ func (l *lowMark) from() int64 {
 // ready); after is 0 when it found nothing.
 func (l *lowMark) found(from, after int64) {
 	if after == 0 {
-		if from > 0 {
-			l.fullAt.Store(0) // nothing above the mark: the next claim reads from the start
+		if from > 0 && l.fullTook.Load() < int64(fullEvery)/fullShare {
+			l.fullAt.Store(0) // nothing above the mark: the next claim reads from the start, when that is cheap
 		}
 		return
 	}
