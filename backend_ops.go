@@ -138,7 +138,12 @@ func (b backendOps) markFailed(ctx context.Context, db *sql.DB, msg Message, rea
 	return nil
 }
 
-func (backendOps) maintain(context.Context, *sql.DB) error { return nil }
+func (b backendOps) maintain(ctx context.Context, db *sql.DB) error {
+	if err := b.be.Maintain(ctx, db); err != nil {
+		return fmt.Errorf("outbox: maintaining %s: %w", b.t.full, err)
+	}
+	return nil
+}
 
 func (b backendOps) pending(ctx context.Context, db *sql.DB) (int64, error) {
 	n, err := b.be.Pending(ctx, db)

@@ -305,7 +305,10 @@ func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason 
 // messages due again, which the next Claim then takes, every 250ms while
 // claims find work and less often while they find none; and it rotates the
 // table's partitions every second. Each call does only what is due and
-// returns at once when nothing is. On a table of LayoutRows it does nothing.
+// returns at once when nothing is. On a table of LayoutRows it does nothing
+// on PostgreSQL; on MySQL it looks for messages ready again below where
+// claims read from (a lease that ran out, a release by another process),
+// once a second at most, and less often when that look is slow.
 //
 // A relay calls it every 100ms from a goroutine of its own. While something
 // calls it, claims leave this work to it; a claim loop of your own that

@@ -106,6 +106,9 @@ type Backend interface {
 	// maxAttempts; when ordered, the later messages of its key are held
 	// behind it. ok is false when the claim was lost.
 	Fail(ctx context.Context, db *sql.DB, ref Ref, claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (f Failure, ok bool, err error)
+	// Maintain does the upkeep beside the claims, so that no claim waits
+	// for it; a relay calls it every 100ms.
+	Maintain(ctx context.Context, db *sql.DB) error
 	// Reconcile holds the waiting messages of keys whose first message
 	// has failed (ordered) and brings back the held messages of the
 	// others (all of them, unordered).

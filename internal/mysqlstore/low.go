@@ -27,13 +27,33 @@ const (
 )
 
 type lowMark struct {
-	seq      atomic.Int64 // claims read rows above it
-	fullAt   atomic.Int64 // when a claim last read from the start, Unix nanoseconds
-	fullTook atomic.Int64 // how long that read took, nanoseconds
+	seq        atomic.Int64 // claims read rows above it
+	fullAt     atomic.Int64 // when a claim (or Maintain) last read from the start, Unix nanoseconds
+	fullTook   atomic.Int64 // how long that read took, nanoseconds
+	maintainAt atomic.Int64 // when Maintain last ran, Unix nanoseconds
 }
 
-// from returns the seq a claim reads from (0: the start, when due).
+// maintained says whether Maintain runs (a relay calls it every 100ms):
+// it then does the reads from the start, beside the claims, which never
+// wait for one.
+func (l *lowMark) maintained() bool {
+	return time.Now().UnixNano()-l.maintainAt.Load() < int64(2*time.Second)
+}
+
+// due says whether a read from the start is due, and takes it if so.
+func (l *lowMark) due() bool {
+	now := time.Now().UnixNano()
+	every := max(int64(fullEvery), fullShare*l.fullTook.Load())
+	at := l.fullAt.Load()
+	return now-at >= every && l.fullAt.CompareAndSwap(at, now)
+}
+
+// from returns the seq a claim reads from (0: the start, when due and
+// Maintain does not run).
 func (l *lowMark) from() int64 {
+	if l.maintained() {
+		return l.seq.Load()
+	}
 	now := time.Now().UnixNano()
 	every := max(int64(fullEvery), fullShare*l.fullTook.Load())
 	if at := l.fullAt.Load(); now-at >= every && l.fullAt.CompareAndSwap(at, now) {

@@ -109,6 +109,7 @@ type queries struct {
 	candidates, orderedCandidates, fail, failed, holdOf   string
 	pending, counts, countsLimited, parkedList, retryAll  string
 	purge, purgeable, holdFind, unholdFind, unholdAllFind string
+	look                                                  string
 }
 
 // replace fills in a statement's names and conditions.
@@ -208,6 +209,8 @@ WHERE h.published_at IS NULL AND h.parked_at IS NULL AND h.held
   AND NOT EXISTS (SELECT 1 FROM {table} AS f WHERE f.event_key = h.event_key AND f.published_at IS NULL AND NOT f.held AND (f.parked_at IS NOT NULL OR f.attempts > 0))
 ORDER BY h.seq LIMIT ?`),
 		unholdAllFind: r(`SELECT seq FROM {table} FORCE INDEX (state_idx) WHERE {held} ORDER BY seq LIMIT ?`),
+		// Maintain's look below the claims' low-water mark.
+		look: r(`SELECT seq FROM {table} FORCE INDEX (state_idx) WHERE {waiting} AND {ready} AND seq <= ? ORDER BY seq LIMIT 1`),
 	}
 }
 
