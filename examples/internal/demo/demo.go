@@ -152,13 +152,14 @@ func Start(ctx context.Context, name string) (*Run, error) {
 	if err := ib.CreateSchemaIfAbsent(ctx); err != nil {
 		return nil, err
 	}
-	invoices, insert := `CREATE TABLE "`+r.Schema+`".invoices (message_id text NOT NULL, body jsonb)`,
+	table := r.invoices()
+	invoices, insert := `CREATE TABLE `+table+` (message_id text NOT NULL, body jsonb)`,
 		// The body as text, cast in SQL: a []byte would travel as bytea in
 		// pgx's exec and simple_protocol modes (what poolers need).
-		`INSERT INTO "`+r.Schema+`".invoices VALUES ($1, $2::text::jsonb)`
+		`INSERT INTO `+table+` VALUES ($1, $2::text::jsonb)`
 	if MySQL() {
-		invoices, insert = "CREATE TABLE `"+r.Schema+"`.invoices (message_id VARCHAR(255) NOT NULL, body JSON)",
-			"INSERT INTO `"+r.Schema+"`.invoices VALUES (?, ?)"
+		invoices, insert = "CREATE TABLE "+table+" (message_id VARCHAR(255) NOT NULL, body JSON)",
+			"INSERT INTO "+table+" VALUES (?, ?)"
 	}
 	if _, err := db.ExecContext(ctx, invoices); err != nil {
 		return nil, err
@@ -315,7 +316,7 @@ func (r *Run) PlaceOrders(ctx context.Context, n int, stopRelay func(), place fu
 		return fmt.Errorf("expected exactly %d events published and received", committed)
 	}
 	var effects, distinct int
-	if err := r.DB.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT message_id) FROM "`+r.Schema+`".invoices`).Scan(&effects, &distinct); err != nil {
+	if err := r.DB.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT message_id) FROM `+r.invoices()).Scan(&effects, &distinct); err != nil {
 		return err
 	}
 	fmt.Printf("consumer (inbox): %d effects applied, %d of them more than once\n", effects, effects-distinct)
@@ -323,4 +324,13 @@ func (r *Run) PlaceOrders(ctx context.Context, n int, stopRelay func(), place fu
 		return fmt.Errorf("expected %d effects, each applied once", committed)
 	}
 	return nil
+}
+
+// invoices is the consumer's table of effects, quoted for the database
+// (the schema is the run's own name, letters, digits and underscores).
+func (r *Run) invoices() string {
+	if MySQL() {
+		return "`" + r.Schema + "`.invoices"
+	}
+	return `"` + r.Schema + `".invoices`
 }
