@@ -305,8 +305,14 @@ func TestVerifyAdminFaults(t *testing.T) {
 // and returns its report, its stdout and its stderr; it must exit 0.
 func runVerify(t *testing.T, bin string, args ...string) (verifyReport, []byte, string) {
 	t.Helper()
+	return runVerifyOn(t, bin, dbtest.URL(), args...)
+}
+
+// runVerifyOn is runVerify on the database of dbURL.
+func runVerifyOn(t *testing.T, bin, dbURL string, args ...string) (verifyReport, []byte, string) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "AMQP_URL="+amqptest.URL())
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "AMQP_URL="+amqptest.URL())
 	var stderr dbtest.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.Output()

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"database/sql"
+	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,3 +156,51 @@ func TestMySQLURLForms(t *testing.T) {
 }
 
 var purgedLine = regexp.MustCompile(`purged (\d+) published message`)
+
+// Issue 41: outbox verify on MariaDB keeps the promise under its faults
+// (terminate-db as KILL CONNECTION of the relays' sessions, found by the
+// client ports of verify's proxy), with the inbox on MariaDB too, and
+// removes its scratch tables.
+func TestMySQLVerify(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "outbox")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	url, db := mysqlURL(t)
+	// What a run killed before its end left behind: its table and a
+	// heartbeat gone stale. This run removes them.
+	for _, st := range []string{"CREATE TABLE outbox_verify_0badf00d (seq INT)", "CREATE TABLE outbox_verify_0badf00d_alive (at DATETIME(6) NOT NULL)",
+		"INSERT INTO outbox_verify_0badf00d_alive VALUES (UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"} {
+		_, err := db.Exec(st)
+		require.NoError(t, err)
+	}
+	faults := append(slices.Clone(verifyFaults), "terminate-db")
+	rep, stdout, stderr := runVerifyOn(t, bin, url, "verify", "--duration", "5s", "--rate", "100", "--fault-every", "700ms", "--lease", "1s",
+		"--inbox", "--ordered", "--keys", "10", "--json", "--faults", strings.Join(faults, ","))
+	require.True(t, rep.OK, "%s\n%s", stdout, stderr)
+	require.Contains(t, stderr, "removed what 1 earlier run(s) left behind, killed before they could: outbox_verify_0badf00d")
+	require.Equal(t, "rows", rep.Layout)
+	require.Zero(t, rep.Lost+rep.Phantom+rep.OrderViolations)
+	require.Positive(t, rep.Committed)
+	require.Positive(t, rep.RolledBack)
+	require.Equal(t, rep.Committed, rep.Inbox.Effects, "every committed event had one effect")
+	for _, f := range faults {
+		require.Positive(t, rep.Faults[f], "every fault at least once: %v", rep.Faults)
+	}
+	var killed int64
+	for _, e := range rep.FaultLog {
+		if e.Fault == "terminate-db" && e.Ended != nil {
+			killed += *e.Ended
+		}
+	}
+	require.Positive(t, killed, "terminate-db killed the relays' sessions: %s", stdout)
+	var left int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?`, rep.Table+"%").Scan(&left))
+	require.Zero(t, left, "the scratch tables are dropped")
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'outbox_verify_0badf00d%'`).Scan(&left))
+	require.Zero(t, left, "the killed run's tables are removed")
+
+	code, _, errOut := outboxCmd(t, map[string]string{"DATABASE_URL": url}, "verify", "--layout", "log")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--layout log is PostgreSQL's")
+}

@@ -22,7 +22,9 @@ import (
 // which needs administrator rights; verifyAdminFaults those it injects when
 // asked, which need them: terminate-db ends the relays' database sessions
 // with pg_terminate_backend (a superuser, or a member of
-// pg_signal_backend), close-broker has RabbitMQ close the relays'
+// pg_signal_backend; on MySQL and MariaDB with KILL CONNECTION of the
+// sessions that come through verify's proxy, which needs CONNECTION_ADMIN
+// or SUPER, or the relays' user), close-broker has RabbitMQ close the relays'
 // connections (rabbitmqctl on this machine, or the command in
 // OUTBOX_RABBITMQCTL), broker-outage stops RabbitMQ's application for
 // --outage and starts it again (rabbitmqctl stop_app, start_app: every
@@ -93,7 +95,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	c.fs.IntVar(&o.rollbackPct, "rollback-percent", 10, "percentage of the transactions rolled back on purpose: their events must never arrive")
 	c.fs.IntVar(&o.relays, "relays", 2, "relays, each a process of this binary (outbox relay), restarted when killed")
 	c.fs.IntVar(&o.keys, "keys", 50, "keys the events are spread over (per-key order is checked with --ordered)")
-	faults := c.fs.String("faults", strings.Join(verifyFaults, ","), "faults to inject in turn, comma-separated: kill (SIGKILL a relay, restarted at once), cut-db and cut-broker (cut a relay's connections through a TCP proxy verify inserts), stall (SIGSTOP a relay past its lease); with administrator rights, not by default: terminate-db (pg_terminate_backend of every relay session), close-broker (RabbitMQ closes every relay connection, through rabbitmqctl), broker-outage (rabbitmqctl stop_app for --outage, then start_app: every client of the broker is cut off); \"none\" for none")
+	faults := c.fs.String("faults", strings.Join(verifyFaults, ","), "faults to inject in turn, comma-separated: kill (SIGKILL a relay, restarted at once), cut-db and cut-broker (cut a relay's connections through a TCP proxy verify inserts), stall (SIGSTOP a relay past its lease); with administrator rights, not by default: terminate-db (pg_terminate_backend of every relay session; KILL CONNECTION on MySQL and MariaDB), close-broker (RabbitMQ closes every relay connection, through rabbitmqctl), broker-outage (rabbitmqctl stop_app for --outage, then start_app: every client of the broker is cut off); \"none\" for none")
 	c.fs.DurationVar(&o.faultEvery, "fault-every", 3*time.Second, "time between faults")
 	c.fs.DurationVar(&o.lease, "lease", 3*time.Second, "the relays' --lease; a stalled relay stays stopped a second longer")
 	c.fs.IntVar(&o.batchSize, "batch-size", 0, "the relays' --batch-size (0: the relay's default)")
@@ -104,7 +106,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	c.fs.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "after writing, how long to wait for every committed event to arrive")
 	c.fs.BoolVar(&o.ordered, "ordered", false, "ordered mode (outbox.OrderedByKey): also check that every key's first deliveries keep the order of writing")
 	c.fs.BoolVar(&o.longTx, "long-transaction", false, "also hold one writing transaction open for the whole --duration, committed last: its event must arrive (a cursor over ids or time would skip it)")
-	c.fs.StringVar(&o.layout, "layout", "log", "the scratch table's layout: log (the one outbox schema creates) or rows")
+	c.fs.StringVar(&o.layout, "layout", "", "the scratch table's layout: log (the default, the one outbox schema creates) or rows; on MySQL and MariaDB, rows")
 	c.fs.BoolVar(&o.inbox, "inbox", false, "also consume through an inbox (package inbox) and check that every committed event had exactly one effect")
 	c.fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON on stdout, for CI")
 	c.fs.BoolVar(&o.keep, "keep", false, "keep the scratch table, exchange and queues to inspect them")
@@ -123,9 +125,19 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 	if o.publishTimeout >= o.lease {
 		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s)", o.publishTimeout, o.lease)
 	}
+	mysql := c.onMySQL()
+	switch {
+	case mysql && o.layout == "log":
+		return c.usageError("--layout log is PostgreSQL's; on MySQL and MariaDB a table has the rows layout")
+	case o.layout == "" && mysql:
+		o.layout = "rows"
+	case o.layout == "":
+		o.layout = "log"
+	}
 	if o.layout != "rows" && o.layout != "log" {
 		return c.usageError("--layout must be rows or log (got %q)", o.layout)
 	}
+
 	if o.lease < time.Second {
 		return c.usageError("--lease must be at least 1s")
 	}
@@ -151,7 +163,7 @@ func cmdVerify(ctx context.Context, x *cli, args []string) error {
 		return err
 	}
 	defer db.Close()
-	v := &verifier{c: c, o: o, db: db, dbURL: c.databaseURL, amqpURL: urls[0], dialer: dialer, faults: map[string]int{}}
+	v := &verifier{c: c, o: o, db: db, dbURL: c.databaseURL, amqpURL: urls[0], dialer: dialer, faults: map[string]int{}, sql: verifySQL{mysql: mysql}}
 	rep, err := v.run(ctx)
 	if err != nil {
 		return err
@@ -188,6 +200,7 @@ type verifier struct {
 	dbProxy        *tcpproxy.Proxy
 	amqpProxy      *tcpproxy.Proxy
 	store          *outbox.Store
+	sql            verifySQL // verify's own statements, in the database's dialect
 
 	mu         sync.Mutex
 	committed  map[string]time.Time // id: when its transaction committed
@@ -239,7 +252,7 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 	if v.o.keep {
 		defer v.keepForever(context.WithoutCancel(ctx))
 	} else {
-		defer v.db.ExecContext(context.WithoutCancel(ctx), dropRun(v.table)) //nolint:errcheck
+		defer v.dropRun(context.WithoutCancel(ctx), v.table) //nolint:errcheck
 	}
 	defer stopBeat()
 
@@ -252,7 +265,10 @@ func (v *verifier) run(ctx context.Context) (*verifyReport, error) {
 		return nil, err
 	}
 	create := store.CreateRowsSchemaIfAbsent
-	if v.o.layout == "log" {
+	switch {
+	case v.sql.mysql: // one layout
+		create = store.CreateSchemaIfAbsent
+	case v.o.layout == "log":
 		create = store.CreateLogSchemaIfAbsent
 	}
 	if err := create(ctx); err != nil {

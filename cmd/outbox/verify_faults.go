@@ -84,9 +84,7 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 	case "cut-broker":
 		v.amqpProxy.Cut()
 	case "terminate-db":
-		var n int64
-		if err := v.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`,
-			v.relayName()).Scan(&n); err != nil {
+		if n, err := v.terminateRelaySessions(ctx); err != nil {
 			fmt.Fprintf(v.c.stderr, "verify: terminate-db: %v\n", err)
 		} else {
 			ev.Ended = &n
@@ -114,6 +112,49 @@ func (v *verifier) inject(ctx context.Context, relays *relayGroup, fault string)
 			}()
 		}
 	}
+}
+
+// terminateRelaySessions ends every database session of the relays and
+// returns how many it ended: on PostgreSQL with pg_terminate_backend, by
+// their application_name; on MySQL with KILL CONNECTION, by the client
+// ports of verify's proxy.
+func (v *verifier) terminateRelaySessions(ctx context.Context) (int64, error) {
+	var n int64
+	if !v.sql.mysql {
+		err := v.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`,
+			v.relayName()).Scan(&n)
+		return n, err
+	}
+	ports := v.dbProxy.LocalPorts()
+	if len(ports) == 0 {
+		return 0, nil
+	}
+	query, args := v.sql.sessionsOf(ports)
+	rows, err := v.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for _, id := range ids {
+		// A session that ended meanwhile is not an error (1094: unknown
+		// thread id).
+		if _, err := v.db.ExecContext(ctx, "KILL CONNECTION ?", id); err == nil {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // restartAfter is how soon a relay that died is started again.

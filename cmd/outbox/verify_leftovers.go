@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/acemq/outbox/internal/pgerr"
+	"github.com/acemq/outbox/internal/dberr"
 )
 
 // A run of verify names its scratch objects after a random suffix: the
@@ -32,10 +32,12 @@ const (
 // startHeartbeat creates the run's heartbeat table, before anything else
 // of the run, and keeps it fresh until the returned function is called.
 func (v *verifier) startHeartbeat(ctx context.Context) (stop func(), err error) {
-	alive := `"` + v.table + `_alive"`
-	if _, err := v.db.ExecContext(ctx, `CREATE TABLE `+alive+` (at timestamptz NOT NULL); INSERT INTO `+alive+` VALUES (now())`); err != nil {
-		return nil, v.c.explain(err)
+	for _, st := range v.sql.createAlive(v.table) {
+		if _, err := v.db.ExecContext(ctx, st); err != nil {
+			return nil, v.c.explain(err)
+		}
 	}
+	beat := v.sql.beat(v.table)
 	done := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {
@@ -49,7 +51,7 @@ func (v *verifier) startHeartbeat(ctx context.Context) (stop func(), err error) 
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				_, _ = v.db.ExecContext(ctx, `UPDATE `+alive+` SET at = greatest(at, now())`)
+				_, _ = v.db.ExecContext(ctx, beat)
 			}
 		}
 	}()
@@ -59,13 +61,18 @@ func (v *verifier) startHeartbeat(ctx context.Context) (stop func(), err error) 
 // keepForever marks the run's objects as kept (--keep): the heartbeat
 // never goes stale, and later runs leave them to be dropped by hand.
 func (v *verifier) keepForever(ctx context.Context) {
-	_, _ = v.db.ExecContext(ctx, `UPDATE "`+v.table+`_alive" SET at = 'infinity'`)
+	_, _ = v.db.ExecContext(ctx, v.sql.keep(v.table))
 }
 
 // dropRun drops every table of the run of the given scratch table, the
 // heartbeat last.
-func dropRun(table string) string {
-	return dropScratch(table) + fmt.Sprintf(`; DROP TABLE IF EXISTS "%[1]s_inbox", "%[1]s_effects"; DROP FUNCTION IF EXISTS "%[1]s_order"(); DROP TABLE IF EXISTS "%[1]s_alive"`, table)
+func (v *verifier) dropRun(ctx context.Context, table string) error {
+	for _, st := range v.sql.dropRun(table) {
+		if _, err := v.db.ExecContext(ctx, st); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // deleteRunAMQP deletes the exchange and queues of the run of the given
@@ -91,10 +98,7 @@ func deleteRunAMQP(conn *amqp.Connection, sfx string) {
 // queues and the exchange go first: a run killed meanwhile leaves its
 // table, and with it the name of what is left, for the next.
 func (v *verifier) removeLeftovers(ctx context.Context, conn *amqp.Connection) ([]string, error) {
-	rows, err := v.db.QueryContext(ctx, `SELECT DISTINCT substring(c.relname from '^`+verifyTablePrefix+`([0-9a-f]{8})(_|$)')
-FROM pg_class AS c
-WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
-  AND c.relkind IN ('r', 'p') AND c.relname ~ '^`+verifyTablePrefix+`[0-9a-f]{8}(_|$)'`)
+	rows, err := v.db.QueryContext(ctx, v.sql.runs())
 	if err != nil {
 		return nil, fmt.Errorf("looking for the leftovers of earlier runs: %w", err)
 	}
@@ -125,7 +129,7 @@ WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_sch
 			continue
 		}
 		deleteRunAMQP(conn, sfx)
-		if _, err := v.db.ExecContext(ctx, dropRun(table)); err != nil {
+		if err := v.dropRun(ctx, table); err != nil {
 			return removed, fmt.Errorf("removing the leftovers of an earlier run (%s): %w", table, err)
 		}
 		removed = append(removed, table)
@@ -137,16 +141,17 @@ WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_sch
 // without removing its objects: its heartbeat is stale, or missing.
 func (v *verifier) runGone(ctx context.Context, table string) (bool, error) {
 	var has bool
-	if err := v.db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, `"`+table+`_alive"`).Scan(&has); err != nil {
+	query, arg := v.sql.hasAlive(table)
+	if err := v.db.QueryRowContext(ctx, query, arg).Scan(&has); err != nil {
 		return false, fmt.Errorf("reading the heartbeat of %s: %w", table, err)
 	}
 	if !has {
 		return true, nil
 	}
 	var stale sql.NullBool
-	err := v.db.QueryRowContext(ctx, `SELECT max(at) < now() - $1::bigint * interval '1 microsecond' FROM "`+table+`_alive"`, verifyStale.Microseconds()).Scan(&stale)
+	err := v.db.QueryRowContext(ctx, v.sql.stale(table), verifyStale.Microseconds()).Scan(&stale)
 	switch {
-	case pgerr.State(err) == "42P01":
+	case dberr.Classify(err) == dberr.NoTable:
 		return false, nil // removed meanwhile, by its run or another
 	case err != nil:
 		return false, fmt.Errorf("reading the heartbeat of %s: %w", table, err)

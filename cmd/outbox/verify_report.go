@@ -18,7 +18,7 @@ type committedRows struct {
 
 // readTable reads the scratch table once, after the writers finished.
 func (v *verifier) readTable(ctx context.Context) (*committedRows, error) {
-	rows, err := v.db.QueryContext(ctx, `SELECT id::text, event_key FROM "`+v.table+`" ORDER BY seq`)
+	rows, err := v.db.QueryContext(ctx, v.sql.readTable(v.table))
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +64,8 @@ func (v *verifier) progress(start time.Time) {
 func (v *verifier) awaitEffects(ctx context.Context, final *committedRows, deadline time.Time) (map[string]int, error) {
 	for {
 		effects := map[string]int{}
-		rows, err := v.db.QueryContext(ctx, `SELECT message_id, count(*) FROM "`+v.table+`_effects" GROUP BY message_id`)
+		_, _, count := v.sql.effects(v.table)
+		rows, err := v.db.QueryContext(ctx, count)
 		if err != nil {
 			return nil, err
 		}

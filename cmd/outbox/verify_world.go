@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
@@ -44,29 +45,13 @@ func (v *verifier) declare(ctx context.Context, conn *amqp.Connection) error {
 
 // proxies starts the TCP proxies and returns the relays' URLs through them.
 func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
-	pc, err := pgconn.ParseConfig(v.dbURL)
-	if err != nil { // checked by openDB already; never quoted
-		return "", "", errors.New("the database URL: " + redact.Reason(err))
+	if v.sql.mysql {
+		dbURL, err = v.mysqlProxy()
+	} else {
+		dbURL, err = v.pgProxy()
 	}
-	if strings.HasPrefix(pc.Host, "/") {
-		return "", "", errors.New("the database URL names a Unix socket: verify's proxy needs a TCP host (host=…)")
-	}
-	if v.dbProxy, err = tcpproxy.New(net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port)))); err != nil {
+	if err != nil {
 		return "", "", err
-	}
-	port := v.dbProxy.Addr().Port
-	if strings.Contains(v.dbURL, "://") {
-		u, err := url.Parse(v.dbURL)
-		if err != nil {
-			return "", "", errors.New("the database URL: " + redact.Reason(err))
-		}
-		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		q := u.Query()
-		q.Set("application_name", v.relayName()) // the sessions terminate-db ends
-		u.RawQuery = q.Encode()
-		dbURL = u.String()
-	} else { // later keywords win
-		dbURL = fmt.Sprintf("%s host=127.0.0.1 port=%d application_name=%s", v.dbURL, port, v.relayName())
 	}
 	uri, err := amqp.ParseURI(v.amqpURL)
 	if err != nil {
@@ -77,6 +62,57 @@ func (v *verifier) proxies() (dbURL, amqpURL string, err error) {
 	}
 	uri.Host, uri.Port = "127.0.0.1", v.amqpProxy.Addr().Port
 	return dbURL, uri.String(), nil
+}
+
+// mysqlProxy starts the database's proxy and returns the relays' DSN
+// through it. The relays' sessions are those that come through it
+// (terminate-db finds them by their client ports).
+func (v *verifier) mysqlProxy() (string, error) {
+	dsn, _, err := mysqlDSN(v.dbURL)
+	if err != nil { // checked by openDB already
+		return "", err
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", errors.New("the database URL: " + redact.Reason(err))
+	}
+	if cfg.Net != "tcp" {
+		return "", errors.New("the database URL names a Unix socket: verify's proxy needs a TCP address (tcp(host:port))")
+	}
+	if v.dbProxy, err = tcpproxy.New(cfg.Addr); err != nil {
+		return "", err
+	}
+	cfg.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(v.dbProxy.Addr().Port))
+	return cfg.FormatDSN(), nil
+}
+
+// pgProxy starts the database's proxy and returns the relays' URL through
+// it, with an application_name of their own (the sessions terminate-db
+// ends).
+func (v *verifier) pgProxy() (string, error) {
+	pc, err := pgconn.ParseConfig(v.dbURL)
+	if err != nil { // checked by openDB already; never quoted
+		return "", errors.New("the database URL: " + redact.Reason(err))
+	}
+	if strings.HasPrefix(pc.Host, "/") {
+		return "", errors.New("the database URL names a Unix socket: verify's proxy needs a TCP host (host=…)")
+	}
+	if v.dbProxy, err = tcpproxy.New(net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port)))); err != nil {
+		return "", err
+	}
+	port := v.dbProxy.Addr().Port
+	if !strings.Contains(v.dbURL, "://") { // later keywords win
+		return fmt.Sprintf("%s host=127.0.0.1 port=%d application_name=%s", v.dbURL, port, v.relayName()), nil
+	}
+	u, err := url.Parse(v.dbURL)
+	if err != nil {
+		return "", errors.New("the database URL: " + redact.Reason(err))
+	}
+	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	q := u.Query()
+	q.Set("application_name", v.relayName()) // the sessions terminate-db ends
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // consume records every delivery of the queue: its first arrival, per key
@@ -173,7 +209,8 @@ func (v *verifier) record(deliveries <-chan amqp.Delivery) {
 // consumeInbox consumes the second queue through an inbox whose effect is
 // a row per message.
 func (v *verifier) consumeInbox(ctx context.Context) (func(), error) {
-	if _, err := v.db.ExecContext(ctx, `CREATE TABLE "`+v.table+`_effects" (message_id text NOT NULL)`); err != nil {
+	create, insert, _ := v.sql.effects(v.table)
+	if _, err := v.db.ExecContext(ctx, create); err != nil {
 		return nil, err
 	}
 	ib, err := inbox.New(v.db, &inbox.Config{Consumer: "verify", Table: v.table + "_inbox", Logger: v.quiet()})
@@ -184,7 +221,7 @@ func (v *verifier) consumeInbox(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	effect := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO "`+v.table+`_effects" VALUES ($1)`, d.MessageId)
+		_, err := tx.ExecContext(ctx, insert, d.MessageId)
 		return err
 	}
 	c, err := ib.Consumer(&inbox.ConsumerConfig{Queue: v.queue + ".inbox", Handler: effect, URLs: []string{v.amqpURL}, Logger: v.quiet()})

@@ -130,3 +130,18 @@ func (p *Proxy) Close() error {
 	}
 	return err
 }
+
+// LocalPorts returns the local ports of the connections it holds open to
+// the target: how the target names the sessions that came through the
+// proxy (MySQL's processlist shows a client's host as host:port).
+func (p *Proxy) LocalPorts() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ports []int
+	for c, up := range p.conns {
+		if a, ok := c.LocalAddr().(*net.TCPAddr); ok && up {
+			ports = append(ports, a.Port)
+		}
+	}
+	return ports
+}
