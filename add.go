@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/acemq/outbox/internal/dberr"
 	"github.com/acemq/outbox/internal/pgerr"
 )
 
@@ -59,6 +60,9 @@ const HeadersMaxBytes = 64 << 10
 // with ErrInvalidEvent, in every mode and layout. Hash a longer natural key
 // (the key names an aggregate; it need not be the aggregate).
 const KeyMaxBytes = 2048
+
+// NotBeforeMax is how far ahead Event.NotBefore may be: 366 days.
+const NotBeforeMax = 366 * 24 * time.Hour
 
 // keyLockSlots is how many slots the keys of an ordered table fall in, by
 // their hash: a transaction that writes more than keyLocksMax keys takes
@@ -123,10 +127,20 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 	// Every row is built, and so every event checked, before the first
 	// INSERT: a bad event anywhere in the call writes nothing.
 	args := make([]any, 0, len(evts)*insertColumns)
+	var (
+		delayed []any        // the rows of delayed events, and their delays
+		now     = time.Now() // the writer's: NotBefore is a time on its clock
+		keyed   []Event      // the events written into the table now (their keys take turns)
+	)
 	ids := make([]string, len(evts))
 	seen := map[string]bool{}
 	for i := range evts {
 		row, err := s.rowArgs(&evts[i], base)
+		delay := evts[i].NotBefore.Sub(now)
+		if err == nil && !evts[i].NotBefore.IsZero() && delay > NotBeforeMax {
+			err = fmt.Errorf("%w: %.60q event: NotBefore %s is %s ahead, more than NotBeforeMax (%s)", ErrInvalidEvent, evts[i].Type,
+				evts[i].NotBefore.Format(time.RFC3339), delay.Round(time.Second), NotBeforeMax)
+		}
 		if err == nil && evts[i].ID != "" {
 			if seen[row[0].(string)] {
 				err = fmt.Errorf("%w: %s is the ID of two events of one call", ErrDuplicateID, row[0])
@@ -140,20 +154,73 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 			return nil, err
 		}
 		ids[i] = row[0].(string)
+		if !evts[i].NotBefore.IsZero() && delay >= time.Microsecond {
+			delayed = append(append(delayed, row[:]...), delay.Microseconds())
+			continue
+		}
 		args = append(args, row[:]...)
+		keyed = append(keyed, evts[i])
 	}
-	if err := s.lockKeys(ctx, tx, evts); err != nil {
+	if err := s.lockKeys(ctx, tx, keyed); err != nil {
 		return nil, err
 	}
-	if len(evts) <= insertChunk {
-		if _, err := tx.ExecContext(ctx, s.insertSQL(len(evts)), args...); err != nil {
-			return nil, s.explainWrite(fmt.Errorf("outbox: writing %d event(s) into %s: %w", len(evts), s.t.full, err))
+	var stmts []statement
+	for start := 0; start < len(args); start += insertChunk * insertColumns {
+		chunk := args[start:min(start+insertChunk*insertColumns, len(args))]
+		stmts = append(stmts, statement{s.insertSQL(len(chunk) / insertColumns), chunk})
+	}
+	for start := 0; start < len(delayed); start += insertChunk * scheduleColumns {
+		chunk := delayed[start:min(start+insertChunk*scheduleColumns, len(delayed))]
+		stmts = append(stmts, statement{s.scheduleSQL(len(chunk) / scheduleColumns), chunk})
+	}
+	if err := s.write(ctx, tx, len(evts), stmts); err != nil {
+		if len(delayed) > 0 && dberr.Classify(err) == dberr.NoTable {
+			err = fmt.Errorf("%w (delayed events wait in %s_scheduled: bring the table up to date with `outbox schema --apply`, Store.CreateSchemaIfAbsent or the migration 000002_scheduled)", err, s.t.full)
 		}
-	} else if err := s.addChunked(ctx, tx, len(evts), args); err != nil {
 		return nil, s.explainWrite(err)
 	}
-	s.Notify()
+	if len(keyed) > 0 {
+		s.Notify()
+	}
 	return ids, nil
+}
+
+// statement is one statement of a write and its arguments.
+type statement struct {
+	sql  string
+	args []any
+}
+
+// write runs the statements of a call of Add: one as it is, more inside a
+// savepoint, rolled back to when one fails, so that the call writes all
+// its events or none whatever the caller does with the error.
+func (s *Store) write(ctx context.Context, tx Execer, n int, stmts []statement) error {
+	if len(stmts) == 1 {
+		if _, err := tx.ExecContext(ctx, stmts[0].sql, stmts[0].args...); err != nil {
+			return fmt.Errorf("outbox: writing %d event(s) into %s: %w", n, s.t.full, err)
+		}
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT outbox_add"); err != nil {
+		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
+	}
+	for _, st := range stmts {
+		if _, err := tx.ExecContext(ctx, st.sql, st.args...); err != nil {
+			err = fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
+			// The caller's context may be what failed: undo on one that
+			// still works, briefly.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, rerr := tx.ExecContext(rctx, "ROLLBACK TO SAVEPOINT outbox_add"); rerr != nil {
+				return fmt.Errorf("%w; undoing the events written so far failed too (%v): roll the transaction back", err, rerr)
+			}
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT outbox_add"); err != nil {
+		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
+	}
+	return nil
 }
 
 // explainWrite marks a unique violation of the table's primary key (an
@@ -238,33 +305,6 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	}
 	if n, err := res.RowsAffected(); err == nil && n == 0 {
 		s.tm.set(Unordered) // not ordered: skip this statement for a while
-	}
-	return nil
-}
-
-// addChunked writes more than insertChunk rows in several INSERTs inside a
-// savepoint, and rolls back to it when one fails.
-func (s *Store) addChunked(ctx context.Context, tx Execer, n int, args []any) error {
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT outbox_add"); err != nil {
-		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
-	}
-	for start := 0; start < n; start += insertChunk {
-		k := min(insertChunk, n-start)
-		chunk := args[start*insertColumns : (start+k)*insertColumns]
-		if _, err := tx.ExecContext(ctx, s.insertSQL(k), chunk...); err != nil {
-			err = fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
-			// The caller's context may be what failed: undo on one that
-			// still works, briefly.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if _, rerr := tx.ExecContext(rctx, "ROLLBACK TO SAVEPOINT outbox_add"); rerr != nil {
-				return fmt.Errorf("%w; undoing the events written so far failed too (%v): roll the transaction back", err, rerr)
-			}
-			return err
-		}
-	}
-	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT outbox_add"); err != nil {
-		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
 	}
 	return nil
 }

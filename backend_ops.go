@@ -26,7 +26,7 @@ type backendOps struct{ *Store }
 func fromRow(r backend.Row) Message {
 	m := Message{ID: r.ID, Seq: r.Seq, EventType: r.EventType, Key: r.Key, Exchange: r.Exchange, RoutingKey: r.RoutingKey,
 		Payload: r.Payload, ContentType: r.ContentType, CreatedAt: r.CreatedAt, Attempts: r.Attempts, LastError: r.LastError,
-		ClaimedUntil: r.ClaimedUntil, ParkedAt: r.ParkedAt}
+		ClaimedUntil: r.ClaimedUntil, ParkedAt: r.ParkedAt, NotBefore: r.Due}
 	if m.Payload == nil {
 		m.Payload = []byte{}
 	}
@@ -299,7 +299,7 @@ func (b backendOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering
 }
 
 func (b backendOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
-	for _, st := range b.be.SchemaStatements() {
+	for _, st := range append(b.be.SchemaStatements(), b.be.ScheduleStatements()...) {
 		if _, err := db.ExecContext(ctx, st); err != nil {
 			return fmt.Errorf("outbox: creating schema of %s: %w", b.t.full, err)
 		}

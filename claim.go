@@ -305,8 +305,11 @@ func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason 
 // messages due again, which the next Claim then takes, every 250ms while
 // claims find work and less often while they find none; and it rotates the
 // table's partitions every second. Each call does only what is due and
-// returns at once when nothing is. On a table of LayoutRows it does nothing
-// on PostgreSQL; on MySQL it looks for messages ready again below where
+// returns at once when nothing is. On every table it moves the delayed
+// messages that are due (Event.NotBefore) into the table, up to 5,000 a
+// call, and wakes this process's relays when it moved some: only Maintain
+// does, so a claim loop of your own must call it for them to go out. On a table of
+// LayoutRows it does nothing more on PostgreSQL; on MySQL it looks for messages ready again below where
 // claims read from (a lease that ran out, a release by another process),
 // once a second at most, and less often when that look is slow.
 //
@@ -321,6 +324,9 @@ func (s *Store) Maintain(ctx context.Context) error {
 	}
 	ops, err := s.ops(ctx)
 	if err != nil {
+		return err
+	}
+	if err := s.promoteDue(ctx, db); err != nil {
 		return err
 	}
 	return ops.maintain(ctx, db)

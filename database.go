@@ -92,7 +92,8 @@ func MySQLSchema(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return mysqlstore.Script(newBackend(MySQL, t).SchemaStatements()), nil
+	be := newBackend(MySQL, t)
+	return mysqlstore.Script(append(be.SchemaStatements(), be.ScheduleStatements()...)), nil
 }
 
 // MySQLOrderSchema returns the DDL that makes the MySQL outbox table of the

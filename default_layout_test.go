@@ -128,13 +128,18 @@ func TestMigrationFilesCreateTheDefaultLayout(t *testing.T) {
 
 	run("migrations/000001_create_outbox.up.sql")
 	run("migrations/000001_create_outbox.up.sql") // idempotent
+	run("migrations/000002_scheduled.up.sql")
+	run("migrations/000002_scheduled.up.sql")
 	require.Equal(t, outbox.LayoutLog, layout())
+	run("migrations/000002_scheduled.down.sql")
 	run("migrations/000001_create_outbox.down.sql")
-	require.Zero(t, objects(), "the down migration drops everything the up one created")
+	require.Zero(t, objects(), "the down migrations drop everything the up ones created")
 
 	run("migrations/rows/000001_create_outbox.up.sql")
 	run("migrations/rows/000002_order.up.sql")
+	run("migrations/rows/000003_scheduled.up.sql")
 	require.Equal(t, outbox.LayoutRows, layout())
+	run("migrations/rows/000003_scheduled.down.sql")
 	run("migrations/rows/000002_order.down.sql")
 	run("migrations/rows/000001_create_outbox.down.sql")
 	require.Zero(t, objects())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 )
 
 // ContentTypeDefault is the content type of an Event that does not set one.
@@ -48,6 +49,27 @@ type Event struct {
 
 	// RoutingKey, when not empty, overrides the routing key chosen by the Router.
 	RoutingKey string
+
+	// NotBefore, when later than now, delays the message: the relay
+	// publishes it no earlier than NotBefore and, once it is due, within
+	// its usual latency (a relay moves due messages into the table every
+	// 100ms; see Store.Maintain). The zero time, or a time that has
+	// passed, means now. At most NotBeforeMax ahead: later is an
+	// ErrInvalidEvent, never a silent clamp.
+	//
+	// The delay is what NotBefore is ahead of the writer's clock when Add
+	// runs, and it runs on the database's clock from the INSERT on, as
+	// created_at does: a writer whose clock is off by a minute still gets
+	// the delay it asked for. Until it is due, a delayed message waits
+	// beside the table, in <table>_scheduled (Stats.Scheduled, outbox
+	// status); a transaction that rolls back takes it back with the rest.
+	// It commits with the transaction like any other event.
+	//
+	// On an ordered table a delayed message takes its place in its key's
+	// order when it is due, as if it were written then: it goes out after
+	// the messages of its key committed before that, before those written
+	// later, and it holds nothing back while it waits.
+	NotBefore time.Time
 }
 
 // JSON returns an Event of the given type and key whose payload is v encoded

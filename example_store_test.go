@@ -129,3 +129,54 @@ func ExampleOrderedByKey() {
 	// blocked keys: 1 held: 1
 	// claimed order-1 order.shipped
 }
+
+// ExampleEvent_notBefore delays an event: it commits with the transaction,
+// waits beside the table until it is due (a relay's Maintain then moves it
+// in), and no claim sees it before.
+func ExampleEvent_notBefore() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", dbtest.ExampleURL()) // the test database, in a schema of this run's own
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: "reminders"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.CreateSchemaIfAbsent(ctx); err != nil { // for the example only
+		log.Fatal(err)
+	}
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	evt, _ := outbox.JSON("order.reminder", "order-42", map[string]any{"order": 42})
+	evt.NotBefore = time.Now().Add(500 * time.Millisecond) // tomorrow, in a real application
+	if err := store.Add(ctx, tx, evt); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+
+	st, _ := store.Stats(ctx)
+	msgs, _ := store.Claim(ctx, 10, 30*time.Second)
+	fmt.Println("scheduled:", st.Scheduled, "claimed now:", len(msgs))
+
+	// What a relay does meanwhile: Maintain every 100ms, and claims.
+	for len(msgs) == 0 {
+		time.Sleep(100 * time.Millisecond)
+		if err := store.Maintain(ctx); err != nil {
+			log.Fatal(err)
+		}
+		if msgs, err = store.Claim(ctx, 10, 30*time.Second); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println("claimed once due:", msgs[0].EventType, msgs[0].Key)
+	// Output:
+	// scheduled: 1 claimed now: 0
+	// claimed once due: order.reminder order-42
+}

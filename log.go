@@ -100,7 +100,7 @@ func LogSchema(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return t.logSQL(t.logTables()), nil
+	return t.logSQL(t.logTables()) + "\n" + t.scheduledSQL(), nil
 }
 
 func (t table) logSQL(l logTables) string {
@@ -597,7 +597,7 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	if err := s.t.checkNotSide(ctx, db); err != nil {
 		return err
 	}
-	ddl := s.t.logSQL(s.t.logTables())
+	ddl := s.t.logSQL(s.t.logTables()) + s.t.scheduledSQL()
 	if s.ordering == OrderedByKey {
 		ddl += s.t.logOrderDDL(s.t.logTables())
 	}

@@ -81,7 +81,7 @@ func (r rowsOps) convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lock
 		return Conversion{}, fmt.Errorf("outbox: converting %s: the old table's name: %w", s.t.full, err)
 	}
 	lt := s.t.logTables()
-	c := Conversion{OldTable: old, DDL: s.t.logSQL(lt)}
+	c := Conversion{OldTable: old, DDL: s.t.logSQL(lt) + s.t.scheduledSQL()}
 	// An ordered table becomes an ordered log table: the copy numbers the
 	// rows (ord) in the order of seq, and the failed ones and those held
 	// behind them go to the failed table, in that order too; the trigger

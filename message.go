@@ -47,6 +47,10 @@ type Message struct {
 	// ParkedAt is when the message was parked; zero unless it is parked.
 	ParkedAt time.Time
 
+	// NotBefore is when a delayed message listed by Store.Scheduled is
+	// due, by the database's clock; zero for every other message.
+	NotBefore time.Time
+
 	// claim fences the claim that returned the message: marks apply only
 	// while the row (or the batch) still carries it. Nil for a message
 	// that was not claimed.

@@ -22,10 +22,14 @@ func expectedMigrations(t *testing.T) map[string]string {
 	t.Helper()
 	tbl, err := parseTable(TableDefault)
 	require.NoError(t, err)
-	logUp, err := Schema(TableDefault)
+	// 000001 is the table as it was first released, 000002 (000003 of
+	// the rows layout) the table of delayed messages beside it; Schema
+	// and RowsSchema are the files in order.
+	logUp, down := tbl.logSQL(tbl.logTables()), tbl.dropSQL()
+	schedUp, schedDown := tbl.scheduledSQL(), tbl.dropScheduledSQL()
+	full, err := Schema(TableDefault)
 	require.NoError(t, err)
-	down, err := DropSchema(TableDefault)
-	require.NoError(t, err)
+	require.Equal(t, logUp+"\n"+schedUp, full)
 	const logHead = "-- The outbox table of github.com/acemq/outbox (table \"outbox\"), in the log layout: the default.\n-- Generated from outbox.Schema; `outbox schema --table NAME` prints it for another name.\n\n"
 	const rowsHead = "-- The outbox table of github.com/acemq/outbox (table \"outbox\"), in the rows layout.\n-- Generated from outbox.RowsSchema; `outbox schema --layout rows --table NAME` prints it for another name.\n\n"
 	goose := func(up, down string) string {
@@ -33,6 +37,7 @@ func expectedMigrations(t *testing.T) map[string]string {
 	}
 	my := newBackend(MySQL, tbl)
 	myUp, myDown := mysqlstore.Script(my.SchemaStatements()), mysqlstore.Script(my.DropStatements())
+	mySched, mySchedDown := mysqlstore.Script(my.ScheduleStatements()), "DROP TABLE IF EXISTS `outbox_scheduled`;\n"
 	const myHead = "-- The outbox table of github.com/acemq/outbox (table \"outbox\") on MySQL and MariaDB, unordered.\n" +
 		"-- Generated from outbox.MySQLSchema; `outbox schema --database-url mysql://... --table NAME` prints it for another name,\n" +
 		"-- and with --ordered the trigger that makes it an ordered table. golang-migrate runs a file of\n" +
@@ -41,10 +46,16 @@ func expectedMigrations(t *testing.T) map[string]string {
 		"migrations/mysql/000001_create_outbox.up.sql":    myHead + myUp,
 		"migrations/mysql/000001_create_outbox.down.sql":  myHead + myDown,
 		"migrations/mysql/goose/000001_create_outbox.sql": myHead + "-- +goose Up\n" + myUp + "\n-- +goose Down\n" + myDown,
+		"migrations/mysql/000002_scheduled.up.sql":        myHead + mySched,
+		"migrations/mysql/000002_scheduled.down.sql":      myHead + mySchedDown,
+		"migrations/mysql/goose/000002_scheduled.sql":     myHead + "-- +goose Up\n" + mySched + "\n-- +goose Down\n" + mySchedDown,
 
 		"migrations/000001_create_outbox.up.sql":    logHead + logUp,
 		"migrations/000001_create_outbox.down.sql":  logHead + down,
 		"migrations/goose/000001_create_outbox.sql": logHead + goose(logUp, down),
+		"migrations/000002_scheduled.up.sql":        logHead + schedUp,
+		"migrations/000002_scheduled.down.sql":      logHead + schedDown,
+		"migrations/goose/000002_scheduled.sql":     logHead + goose(schedUp, schedDown),
 
 		"migrations/rows/000001_create_outbox.up.sql":    rowsHead + tbl.createSQL(),
 		"migrations/rows/000001_create_outbox.down.sql":  rowsHead + tbl.dropRowsSQL(),
@@ -52,6 +63,9 @@ func expectedMigrations(t *testing.T) map[string]string {
 		"migrations/rows/000002_order.down.sql":          rowsHead + tbl.dropOrderSQL(),
 		"migrations/rows/goose/000001_create_outbox.sql": rowsHead + "-- +goose Up\n-- +goose StatementBegin\n" + tbl.createSQL() + "-- +goose StatementEnd\n\n-- +goose Down\n" + tbl.dropRowsSQL(),
 		"migrations/rows/goose/000002_order.sql":         rowsHead + goose(tbl.orderSQL(), tbl.dropOrderSQL()),
+		"migrations/rows/000003_scheduled.up.sql":        rowsHead + schedUp,
+		"migrations/rows/000003_scheduled.down.sql":      rowsHead + schedDown,
+		"migrations/rows/goose/000003_scheduled.sql":     rowsHead + goose(schedUp, schedDown),
 	}
 }
 

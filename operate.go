@@ -27,17 +27,32 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return ops.pending(ctx, db)
+	n, err := ops.pending(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	delayed, _, err := s.scheduledCounts(ctx, db, 1<<62)
+	return n + delayed, err
 }
 
 // Stats is a snapshot of an outbox table for operators and metrics. Each
 // message waiting to be published is in exactly one of Ready, InFlight,
-// Retrying, Held and Parked, and Pending is their sum.
+// Retrying, Held, Parked and Scheduled, and Pending is their sum.
 type Stats struct {
 	// Pending counts the messages waiting to be published, as
-	// Store.Pending does: ready, claimed, backing off, held and parked
-	// ones, all of them.
+	// Store.Pending does: ready, claimed, backing off, held, parked and
+	// delayed ones, all of them.
 	Pending int64
+	// Scheduled counts the delayed messages (Event.NotBefore) not due
+	// yet, or due and not yet moved into the table by Maintain, and those
+	// Maintain could not move: a message of the same ID was written into
+	// the table meanwhile (it stays in <table>_scheduled, with
+	// last_error saying so, for an operator to delete or give a new ID).
+	Scheduled int64
+	// NextDue is when the next delayed message is due, on this process's
+	// clock (the database's distance to it, from now); zero when none
+	// waits.
+	NextDue time.Time
 	// Ready counts the messages a relay may claim now: neither claimed,
 	// backing off, held nor parked. On a healthy table it stays near
 	// zero; the alert on messages that should be moving watches it (and
@@ -80,7 +95,13 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	return ops.stats(ctx, db)
+	st, err := ops.stats(ctx, db)
+	if err != nil {
+		return st, err
+	}
+	st.Scheduled, st.NextDue, err = s.scheduledCounts(ctx, db, 1<<62)
+	st.Pending += st.Scheduled
+	return st, err
 }
 
 // seconds is an age read from the database, to the millisecond.
@@ -285,7 +306,7 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 // layout, or where there is none.
 func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
 	s := r.Store
-	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()); err != nil {
+	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()+s.t.scheduledSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
 	if s.ordering != OrderedByKey {
@@ -324,13 +345,16 @@ const GaugesLimitDefault = 100_000
 // Gauges is a snapshot of an outbox table cheap enough to take on every
 // metrics scrape, however large the table: each figure is read from a
 // partial index, and the counts stop at a limit. Its counts mean what those
-// of Stats do: Ready, InFlight, Retrying, Held and Parked add up to Pending
-// (each count, Pending too, stopping at the limit).
+// of Stats do: Ready, InFlight, Retrying, Held, Parked and Scheduled add up
+// to Pending (each count, Pending too, stopping at the limit).
 type Gauges struct {
 	// Pending counts messages waiting to be published, as Store.Pending
-	// does (ready, claimed, backing off, held and parked ones), up to the
-	// limit.
+	// does (ready, claimed, backing off, held, parked and delayed ones),
+	// up to the limit.
 	Pending int64
+	// Scheduled counts delayed messages not yet moved into the table, up
+	// to the limit.
+	Scheduled int64
 	// Ready counts the messages a relay may claim now, up to the limit.
 	Ready int64
 	// InFlight counts messages under an unexpired claim, up to the limit.
@@ -371,7 +395,13 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 	if limit < 1 {
 		limit = GaugesLimitDefault
 	}
-	return ops.gauges(ctx, db, limit)
+	g, err := ops.gauges(ctx, db, limit)
+	if err != nil {
+		return g, err
+	}
+	g.Scheduled, _, err = s.scheduledCounts(ctx, db, limit)
+	g.Pending = min(g.Pending+g.Scheduled, limit)
+	return g, err
 }
 
 // HasNotifyTrigger reports whether the table has the LISTEN/NOTIFY trigger

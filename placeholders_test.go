@@ -46,6 +46,9 @@ func TestStatementsHaveNoPlaceholderLeft(t *testing.T) {
 		texts[name+" dropOrderSQL"] = s.t.dropOrderSQL()
 		texts[name+" orderTriggerSQL"] = s.t.orderTriggerSQL()
 		texts[name+" unorderTriggerSQL"] = s.t.unorderTriggerSQL()
+		texts[name+" scheduledSQL"] = s.t.scheduledSQL()
+		pg := newPGScheduler(s.t)
+		texts[name+" promote"], texts[name+" scheduledCount"], texts[name+" scheduleSQL"] = pg.promoteQ, pg.countQ, pg.scheduleSQL(3)
 		for what, f := range map[string]func(string) (string, error){"Schema": Schema, "RowsSchema": RowsSchema, "LogSchema": LogSchema,
 			"OrderSchema": OrderSchema, "NotifySchema": NotifySchema} {
 			ddl, err := f(name)

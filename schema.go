@@ -67,7 +67,7 @@ func RowsSchema(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return t.createSQL() + "\n" + t.orderSQL(), nil
+	return t.createSQL() + "\n" + t.orderSQL() + "\n" + t.scheduledSQL(), nil
 }
 
 // DropSchema returns the DDL that drops the outbox table of the given name
@@ -78,7 +78,7 @@ func DropSchema(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return t.dropSQL(), nil
+	return t.dropScheduledSQL() + t.dropSQL(), nil
 }
 
 // dropRowsSQL drops a table of the rows layout (the down migration of

@@ -177,6 +177,9 @@ type Store struct {
 
 	database Database
 	be       backend.Backend // the table's backend on a database other than PostgreSQL, else nil
+	sched    scheduler       // its delayed messages' statements
+
+	schedAbsent backoffGate // open unless the table was found without its scheduled table lately
 
 	q, qo queries // the statements of unordered and of ordered mode
 	tm    tableMode
@@ -240,6 +243,10 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		be:            newBackend(database, t),
 		q:             newQueries(t, false),
 		qo:            newQueries(t, true),
+	}
+	s.sched = newPGScheduler(t)
+	if s.be != nil {
+		s.sched = backendScheduler{s.be}
 	}
 	if s.backoff == nil {
 		s.backoff = ExponentialBackoff(time.Second, 10*time.Minute)

@@ -164,7 +164,7 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		return g
 	}
 	pending := intGauge("outbox.pending", "{message}",
-		"Messages waiting to be published, all of them (ready, in flight, retrying, held and parked: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from partial indexes: a value at the limit means at least that many")
+		"Messages waiting to be published, all of them (ready, in flight, retrying, held, parked and scheduled: as Store.Pending and outbox status), counted up to a limit (100,000 by default) from partial indexes: a value at the limit means at least that many")
 	readyMsgs := intGauge("outbox.ready", "{message}",
 		"Messages a relay may claim now (neither claimed, backing off, held nor parked), counted up to a limit: what should be moving")
 	inFlight := intGauge("outbox.in_flight", "{message}",
@@ -173,6 +173,8 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		"Messages waiting out the backoff after a failed attempt, counted up to a limit")
 	held := intGauge("outbox.held", "{message}",
 		"Messages held, in ordered mode, behind a failed message of their key, counted up to a limit")
+	scheduled := intGauge("outbox.scheduled", "{message}",
+		"Delayed messages (Event.NotBefore) waiting until they are due, counted up to a limit")
 	parked := intGauge("outbox.parked", "{message}",
 		"Parked messages, which need an operator, counted up to a limit (100,000 by default) from the parked index")
 	oldest := ageGauge("outbox.oldest_pending.age",
@@ -222,9 +224,10 @@ func (o *Observer) gauges(m metric.Meter, store *outbox.Store, limit int64, read
 		obs.ObserveInt64(readyMsgs, g.Ready, attrs)
 		obs.ObserveInt64(inFlight, g.InFlight, attrs)
 		obs.ObserveInt64(retrying, g.Retrying, attrs)
+		obs.ObserveInt64(scheduled, g.Scheduled, attrs)
 		obs.ObserveFloat64(oldestReady, g.OldestReadyAge.Seconds(), attrs)
 		return nil
-	}, pending, parked, oldest, blocked, held, readyMsgs, inFlight, retrying, oldestReady, readyGauge, unrouted)
+	}, pending, parked, oldest, blocked, held, readyMsgs, inFlight, retrying, scheduled, oldestReady, readyGauge, unrouted)
 	o.reg = reg
 	return err
 }

@@ -30,6 +30,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -59,6 +60,11 @@ type Event struct {
 	Payload                                          []byte
 	Headers                                          map[string]string
 	Published                                        bool
+	// NotBefore is when a delayed event (outbox.Event.NotBefore) is due,
+	// by the database's clock, while it waits beside the table; zero for
+	// an event in the table. Delayed events come after the others, the
+	// soonest due first.
+	NotBefore time.Time
 }
 
 // Find returns the events of table that src sees and that match m, in the
@@ -269,6 +275,11 @@ func listing(all []Event) string {
 const eventsQuery = `SELECT id::text, event_type, event_key, exchange, routing_key, content_type, payload, headers::text, published_at IS NOT NULL
 FROM %s ORDER BY seq, id`
 
+// scheduledQuery reads the delayed events waiting beside a table, the
+// soonest due first.
+const scheduledQuery = `SELECT id::text, event_type, event_key, exchange, routing_key, content_type, payload, headers::text, due
+FROM %s ORDER BY due, id`
+
 // layoutQuery says what the table is, as the store reads it, without a
 // statement that can fail (which would abort the caller's transaction):
 // whether it exists and is a plain table, whether it has the rows
@@ -368,7 +379,22 @@ func read(ctx context.Context, src any, table string) ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, done, err := query(ctx, src, table, fmt.Sprintf(eventsQuery, rel))
+	out, err := readEvents(ctx, src, table, fmt.Sprintf(eventsQuery, rel), false)
+	if err != nil {
+		return nil, err
+	}
+	sched, ok, err := scheduledOf(ctx, src, table, t)
+	if err != nil || !ok {
+		return out, err
+	}
+	delayed, err := readEvents(ctx, src, table, fmt.Sprintf(scheduledQuery, sched), true)
+	return append(out, delayed...), err
+}
+
+// readEvents reads the events q selects (eventsQuery's columns, then, when
+// delayed, the due time).
+func readEvents(ctx context.Context, src any, table, q string, delayed bool) ([]Event, error) {
+	rows, done, err := query(ctx, src, table, q)
 	if err != nil {
 		return nil, err
 	}
@@ -379,7 +405,13 @@ func read(ctx context.Context, src any, table string) ([]Event, error) {
 			e       Event
 			headers string
 		)
-		if err := rows.Scan(&e.ID, &e.Type, &e.Key, &e.Exchange, &e.RoutingKey, &e.ContentType, &e.Payload, &headers, &e.Published); err != nil {
+		dest := []any{&e.ID, &e.Type, &e.Key, &e.Exchange, &e.RoutingKey, &e.ContentType, &e.Payload, &headers}
+		if delayed {
+			dest = append(dest, &e.NotBefore)
+		} else {
+			dest = append(dest, &e.Published)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("reading %s: %w", table, err)
 		}
 		if e.Headers, err = decodeHeaders(headers); err != nil {
@@ -391,6 +423,60 @@ func read(ctx context.Context, src any, table string) ([]Event, error) {
 		return nil, fmt.Errorf("reading %s: %w", table, err)
 	}
 	return out, nil
+}
+
+// scheduledOf returns the table of t's delayed messages, quoted, and
+// whether it exists (a table of a version before delayed delivery has
+// none), without a statement that can fail.
+func scheduledOf(ctx context.Context, src any, table string, t sqlident.Table) (string, bool, error) {
+	name := `"` + t.Name + `_scheduled"`
+	if schema, _, ok := strings.Cut(t.Quoted, "."); ok {
+		name = schema + "." + name
+	}
+	var ok bool
+	if err := queryOne(ctx, src, table, &ok, `SELECT to_regclass($1) IS NOT NULL`, name); err != nil {
+		return "", false, fmt.Errorf("reading %s: %w", table, err)
+	}
+	return name, ok, nil
+}
+
+// queryOne runs q through src and scans the one value of its one row
+// into dest.
+func queryOne(ctx context.Context, src any, table string, dest any, q string, args ...any) error {
+	rows, done, err := query(ctx, src, table, q, args...)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if rows.Next() {
+		err = rows.Scan(dest)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	return err
+}
+
+// MakeDue makes the delayed events of table that are due within d due now,
+// as if d had passed: the next Store.Maintain (a relay's, or Drain's)
+// moves them into the table, and a test of what happens
+// "tomorrow" needs no sleep. src must be able to write (a *sql.DB, *sql.Tx
+// or pgx connection); it returns how many it made due.
+func MakeDue(ctx context.Context, src any, table string, d time.Duration) (int64, error) {
+	t, err := sqlident.ParseTable(table)
+	if err != nil {
+		return 0, fmt.Errorf("outboxtest: %w name %v", outbox.ErrInvalidTable, err)
+	}
+	sched, ok, err := scheduledOf(ctx, src, table, t)
+	if err != nil || !ok {
+		return 0, err
+	}
+	var n int64
+	if err := queryOne(ctx, src, table, &n, `WITH due AS (UPDATE `+sched+` SET due = now()
+WHERE last_error IS NULL AND due <= now() + $1::bigint * interval '1 microsecond' RETURNING 1) SELECT count(*) FROM due`, d.Microseconds()); err != nil {
+		return 0, fmt.Errorf("outboxtest: making the delayed events of %s due: %w", table, err)
+	}
+	return n, nil
 }
 
 // decodeHeaders decodes a row's headers: a value that is not a string (a

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -404,5 +405,39 @@ func TestEventsShowHeadersThatAreNotText(t *testing.T) {
 		require.NoError(t, err)
 		e := outboxtest.RequireEvent(t, db, store.Table(), outboxtest.Match{Headers: map[string]string{"retry": "1"}})
 		require.Equal(t, map[string]string{"retry": "1", "tenant": "acme"}, e.Headers)
+	})
+}
+
+// Issue 42: a test asserts a delayed event's NotBefore inside its
+// transaction, and runs the relay's work as of a day later without
+// sleeping: MakeDue, then Drain publishes it.
+func TestDelayedEventAssertedAndMadeDue(t *testing.T) {
+	eachLayout(t, func(t *testing.T, layout string) {
+		ctx := context.Background()
+		db, store := newStoreOn(t, layout, nil)
+		tx := begin(t, db)
+		tomorrow := time.Now().Add(24 * time.Hour)
+		require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "reminder.due", Key: "order-1", NotBefore: tomorrow}, outbox.Event{Type: "order.placed"}))
+		e := outboxtest.RequireEvent(t, tx, store.Table(), outboxtest.Match{Type: "reminder.due"})
+		require.WithinDuration(t, tomorrow, e.NotBefore, time.Minute, "due a day later, by the database's clock")
+		require.False(t, e.Published)
+		require.True(t, outboxtest.RequireEvent(t, tx, store.Table(), outboxtest.Match{Type: "order.placed"}).NotBefore.IsZero())
+		require.NoError(t, tx.Commit())
+
+		pub := &outboxtest.Publisher{}
+		n, err := outboxtest.Drain(ctx, store, pub)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "only the event that is not delayed")
+		made, err := outboxtest.MakeDue(ctx, db, store.Table(), time.Hour)
+		require.NoError(t, err)
+		require.Zero(t, made, "not due within an hour")
+		made, err = outboxtest.MakeDue(ctx, db, store.Table(), 25*time.Hour)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, made)
+		n, err = outboxtest.Drain(ctx, store, pub)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, "reminder.due", pub.Messages()[1].Type)
+		require.True(t, outboxtest.RequireEvent(t, db, store.Table(), outboxtest.Match{Type: "reminder.due"}).Published)
 	})
 }

@@ -67,10 +67,15 @@ func (p *Publisher) Messages() []Published {
 // backoff, so Drain leaves it for a later call) or releases it after a
 // broker fault. It returns how many messages it marked published. The
 // store needs its pool (outbox.NewStore with a *sql.DB); only what was
-// committed is seen.
+// committed is seen. Delayed events (outbox.Event.NotBefore) that are due
+// are moved into the table first, as a relay's Store.Maintain does; those
+// not due stay (MakeDue makes them due without a wait).
 func Drain(ctx context.Context, store *outbox.Store, pub relay.Publisher) (int, error) {
 	if store == nil || pub == nil {
 		return 0, errors.New("outboxtest: Drain needs a store and a publisher")
+	}
+	if err := store.Maintain(ctx); err != nil {
+		return 0, err
 	}
 	published := 0
 	for {

@@ -20,6 +20,7 @@ type latencies struct {
 	sorted     []time.Duration
 	fifths     [2]time.Duration // p50 of the first and of the last fifth of the messages, by commit time
 	lastMinute time.Duration    // p99 of the last minute's commits, in a run of more than two minutes
+	late       []time.Duration  // --delayed: how long after its due time each delayed event arrived, sorted
 	cpu        cpuCost          // where the CPU went while the writers wrote and the messages arrived
 }
 
@@ -57,6 +58,7 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 	var (
 		relayed, direct       latencyFigures
 		relayedCPU, directCPU costs
+		delayed               [][]time.Duration
 	)
 	for run := 1; run <= b.o.runs; run++ {
 		floor, floorCPU := "", ""
@@ -80,6 +82,10 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 			run, ms(percentile(l.sorted, 0.5)), ms(percentile(l.sorted, 0.99)), ms(l.fifths[0]), ms(l.fifths[1]), lastMinuteText(l),
 			b.deadText(), b.bookkeeping(ctx), b.phases, floor)
 		fmt.Fprintf(b.stderr, "bench: run %d: CPU: relay: %s%s\n", run, l.cpu.text(b.o.relayProcess), floorCPU)
+		if b.o.delayed > 0 {
+			delayed = append(delayed, l.late)
+			fmt.Fprintf(b.stderr, "bench: run %d: %s\n", run, lateText(l.late, b.o.delayed))
+		}
 	}
 	where := "in the bench's process"
 	if b.o.relayProcess {
@@ -91,6 +97,14 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 	if b.o.floor {
 		fmt.Fprintf(out, "bench: the floor, the same writers publishing each message themselves right after its commit (no relay, no guarantee): %s\n", &direct)
 	}
+	if len(delayed) > 0 {
+		var p50, p99, worst figure
+		for _, late := range delayed {
+			p50, p99, worst = append(p50, ms(percentile(late, 0.5))), append(p99, ms(percentile(late, 0.99))), append(worst, ms(percentile(late, 1)))
+		}
+		fmt.Fprintf(out, "bench: %d delayed events a run, due 1 to 60 s after the relay's start: delivered after their due time p50 %s, p99 %s, max %s\n",
+			b.o.delayed, p50.format("%.1f", " ms"), p99.format("%.1f", " ms"), worst.format("%.1f", " ms"))
+	}
 	if c := relayedCPU.median(); c.ok {
 		floorCPU := ""
 		if b.o.floor {
@@ -99,6 +113,15 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "bench: CPU (medians) while the messages were written and consumed: relay: %s%s\n", c.text(b.o.relayProcess), floorCPU)
 	}
 	return nil
+}
+
+// lateText says how late the delayed events of a run went out.
+func lateText(late []time.Duration, want int) string {
+	if len(late) == 0 {
+		return fmt.Sprintf("delayed: none of %d delivered", want)
+	}
+	return fmt.Sprintf("delayed: %d of %d delivered, after their due time p50 %.1fms p99 %.1fms max %.1fms", len(late), want,
+		ms(percentile(late, 0.5)), ms(percentile(late, 0.99)), ms(percentile(late, 1)))
 }
 
 func lastMinuteText(l latencies) string {
@@ -126,7 +149,12 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 		committed = make(map[string]time.Time, b.o.messages)
 		arrived   = make(map[string]time.Time, b.o.messages)
 	)
-	wait, err := b.consume(ctx, b.o.messages, func(d *amqp.Delivery) {
+	delayed := 0
+	if !direct {
+		delayed = b.o.delayed
+	}
+	due := make(map[string]time.Time, delayed)
+	wait, err := b.consume(ctx, b.o.messages+delayed, func(d *amqp.Delivery) {
 		now := time.Now()
 		key, _ := d.Headers[relay.KeyHeader].(string)
 		mu.Lock()
@@ -150,6 +178,9 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 			return l, err
 		}
 		defer stop()
+		if err := b.writeDelayed(ctx, delayed, due); err != nil {
+			return l, err
+		}
 	}
 
 	// Where the CPU goes from the first write to the last delivery.
@@ -198,9 +229,45 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 	used := readCPU(b.relayPID).sub(cpu).per(b.o.messages) // before the relay's process ends
 	mu.Lock()
 	defer mu.Unlock()
+	for key, at := range due {
+		if a, ok := arrived[key]; ok {
+			l.late = append(l.late, a.Sub(at))
+		}
+		delete(arrived, key)
+	}
+	late := l.late
 	l, err = measure(committed, arrived)
 	l.cpu = used
+	slices.Sort(late)
+	l.late = late
 	return l, err
+}
+
+// writeDelayed writes n delayed events, 100 to a transaction, due 1 to
+// 60 s from now, spread evenly, and records when each is due by its key.
+func (b *bencher) writeDelayed(ctx context.Context, n int, due map[string]time.Time) error {
+	start := time.Now()
+	for first := 0; first < n; first += 100 {
+		tx, err := b.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		var evts []outbox.Event
+		for i := first; i < min(first+100, n); i++ {
+			key := "d-" + strconv.Itoa(i)
+			at := start.Add(time.Second + time.Duration(i)*59*time.Second/time.Duration(n))
+			due[key] = at
+			evts = append(evts, outbox.Event{Type: "bench.delayed", Key: key, Payload: b.payload, NotBefore: at})
+		}
+		if err := b.store.Add(ctx, tx, evts...); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // directPublisher returns a function that publishes the message of a key

@@ -173,5 +173,5 @@ func (b *bencher) truncateSQL() string {
 
 // dropScratch drops the scratch table of either layout.
 func dropScratch(table string) string {
-	return fmt.Sprintf(`DROP VIEW IF EXISTS "%[1]s_messages"; DROP FUNCTION IF EXISTS "%[1]s_claim"; DROP TABLE IF EXISTS "%[1]s", "%[1]s_batch", "%[1]s_settle", "%[1]s_failed", "%[1]s_log"; DROP FUNCTION IF EXISTS "%[1]s_id_check"`, table)
+	return fmt.Sprintf(`DROP VIEW IF EXISTS "%[1]s_messages"; DROP FUNCTION IF EXISTS "%[1]s_claim"; DROP TABLE IF EXISTS "%[1]s", "%[1]s_batch", "%[1]s_settle", "%[1]s_failed", "%[1]s_log", "%[1]s_scheduled"; DROP FUNCTION IF EXISTS "%[1]s_id_check"`, table)
 }

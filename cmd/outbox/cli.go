@@ -29,6 +29,7 @@ Usage:
   outbox parked  [flags]             list parked messages with their keys and last errors
   outbox retry   [flags] ID...       re-arm parked messages (--all-parked for all of them)
   outbox discard [flags] ID...       give up on parked messages, keeping their record
+  outbox scheduled [flags] [ID...]   list delayed messages (--publish-now or --discard ID...)
   outbox purge   --older-than 168h   delete published messages older than that
   outbox schema  [flags]             print the table's DDL (--apply creates it; --layout rows|log; --ordered)
   outbox convert --to log|ordered|unordered
@@ -62,19 +63,20 @@ type cli struct {
 type command func(context.Context, *cli, []string) error
 
 var commands = map[string]command{
-	"relay":   cmdRelay,
-	"status":  cmdStatus,
-	"parked":  cmdParked,
-	"retry":   cmdRetry,
-	"discard": cmdDiscard,
-	"purge":   cmdPurge,
-	"schema":  cmdSchema,
-	"convert": cmdConvert,
-	"bench":   cmdBench,
-	"inbox":   cmdInbox,
-	"version": cmdVersion,
-	"declare": cmdDeclare,
-	"verify":  cmdVerify,
+	"relay":     cmdRelay,
+	"status":    cmdStatus,
+	"parked":    cmdParked,
+	"retry":     cmdRetry,
+	"discard":   cmdDiscard,
+	"scheduled": cmdScheduled,
+	"purge":     cmdPurge,
+	"schema":    cmdSchema,
+	"convert":   cmdConvert,
+	"bench":     cmdBench,
+	"inbox":     cmdInbox,
+	"version":   cmdVersion,
+	"declare":   cmdDeclare,
+	"verify":    cmdVerify,
 }
 
 // run executes one command and returns the process exit code: 0 success

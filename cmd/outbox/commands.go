@@ -90,16 +90,7 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 		if err != nil {
 			return c.explain(err)
 		}
-		want := map[string]bool{}
-		for _, id := range ids {
-			want[strings.ToLower(id)] = true
-		}
-		var found []string
-		for _, m := range parked {
-			if want[strings.ToLower(m.ID)] {
-				found = append(found, m.ID)
-			}
-		}
+		found := idsAmong(parked, ids)
 		fmt.Fprintf(c.stdout, "would discard %d of the %d id(s) given, the parked messages of table %s: %s\ndry run: nothing discarded\n",
 			len(found), len(ids), c.table, strings.Join(found, " "))
 		return nil
@@ -112,6 +103,21 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
 	c.notParked(n, ids)
 	return nil
+}
+
+// idsAmong returns the ids of msgs that are among ids (in any case).
+func idsAmong(msgs []outbox.Message, ids []string) []string {
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[strings.ToLower(id)] = true
+	}
+	var found []string
+	for _, m := range msgs {
+		if want[strings.ToLower(m.ID)] {
+			found = append(found, m.ID)
+		}
+	}
+	return found
 }
 
 // messageIDs refuses, before anything is said or done, an argument that

@@ -6,6 +6,7 @@
 //	outbox parked  [flags]            list parked messages with their last errors
 //	outbox retry   [flags] ID...      re-arm parked messages (--all-parked for all)
 //	outbox discard [flags] ID...      give up on parked messages, keeping their record
+//	outbox scheduled [flags] [ID...]  list delayed messages (--publish-now, --discard)
 //	outbox purge   --older-than 168h  delete old published messages
 //	outbox schema  [--apply]          print (or create) the table's DDL (--layout rows|log)
 //	outbox convert --to log           turn a rows table into a log table, online (--dry-run)

@@ -159,8 +159,9 @@ var purgedLine = regexp.MustCompile(`purged (\d+) published message`)
 
 // Issue 41: outbox verify on MariaDB keeps the promise under its faults
 // (terminate-db as KILL CONNECTION of the relays' sessions, found by the
-// client ports of verify's proxy), with the inbox on MariaDB too, and
-// removes its scratch tables.
+// client ports of verify's proxy; close-broker, RabbitMQ closing the
+// relays' connections), with the inbox on MariaDB too, and removes its
+// scratch tables and those of a run killed before its end.
 func TestMySQLVerify(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "outbox")
@@ -175,6 +176,9 @@ func TestMySQLVerify(t *testing.T) {
 		require.NoError(t, err)
 	}
 	faults := append(slices.Clone(verifyFaults), "terminate-db")
+	if _, err := rabbitmqctl(); err == nil {
+		faults = append(faults, "close-broker")
+	}
 	rep, stdout, stderr := runVerifyOn(t, bin, url, "verify", "--duration", "5s", "--rate", "100", "--fault-every", "700ms", "--lease", "1s",
 		"--inbox", "--ordered", "--keys", "10", "--json", "--faults", strings.Join(faults, ","))
 	require.True(t, rep.OK, "%s\n%s", stdout, stderr)
@@ -187,13 +191,18 @@ func TestMySQLVerify(t *testing.T) {
 	for _, f := range faults {
 		require.Positive(t, rep.Faults[f], "every fault at least once: %v", rep.Faults)
 	}
-	var killed int64
+	ended := map[string]int64{}
 	for _, e := range rep.FaultLog {
-		if e.Fault == "terminate-db" && e.Ended != nil {
-			killed += *e.Ended
+		if e.Ended != nil {
+			ended[e.Fault] += *e.Ended
 		}
 	}
-	require.Positive(t, killed, "terminate-db killed the relays' sessions: %s", stdout)
+	require.Positive(t, ended["terminate-db"], "terminate-db killed the relays' sessions: %s", stdout)
+	require.NotContains(t, stderr, "verify: terminate-db:")
+	if slices.Contains(faults, "close-broker") {
+		require.Positive(t, ended["close-broker"], "RabbitMQ closed the relays' connections: %s", stdout)
+		require.NotContains(t, stderr, "verify: close-broker:")
+	}
 	var left int
 	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?`, rep.Table+"%").Scan(&left))
 	require.Zero(t, left, "the scratch tables are dropped")

@@ -50,15 +50,19 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	fmt.Fprintf(w, "  retrying\t%d\n", st.Retrying)
 	fmt.Fprintf(w, "  held\t%d\n", st.Held)
 	fmt.Fprintf(w, "  parked\t%d\n", st.Parked)
+	fmt.Fprintf(w, "  scheduled\t%d\n", st.Scheduled)
+	if !st.NextDue.IsZero() {
+		fmt.Fprintf(w, "next due\t%s (in %s)\n", st.NextDue.UTC().Format(time.RFC3339), time.Until(st.NextDue).Round(time.Second))
+	}
 	fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPendingAge.Round(time.Second))
 	fmt.Fprintf(w, "oldest ready\t%s\n", st.OldestReadyAge.Round(time.Second))
 	if ordered {
 		fmt.Fprintf(w, "blocked keys\t%d\n", st.BlockedKeys)
 	}
 	fmt.Fprintf(w, "published last hour\t%d\n", st.PublishedLastHour)
-	fmt.Fprintf(w, "\npending: every message not yet published, the five below it added up (as outbox_pending)\n")
+	fmt.Fprintf(w, "\npending: every message not yet published, the six below it added up (as outbox_pending)\n")
 	fmt.Fprintf(w, "ready: claimable now (outbox_ready); in flight: claimed by a relay; retrying: failed, waiting out its backoff\n")
-	fmt.Fprintf(w, "parked: out of attempts, waiting for an operator\n")
+	fmt.Fprintf(w, "parked: out of attempts, waiting for an operator; scheduled: delayed (Event.NotBefore), not due yet\n")
 	if ordered {
 		fmt.Fprintf(w, "held: in ordered mode, behind a failed message of their key; blocked keys: keys with a parked message\n")
 	}
@@ -224,6 +228,11 @@ func statusJSON(table string, ordered bool, st outbox.Stats) map[string]any {
 		switch x := v.Field(i).Interface().(type) {
 		case time.Duration:
 			doc[name+"_seconds"] = x.Seconds()
+		case time.Time: // NextDue: null when nothing waits
+			doc[name] = nil
+			if !x.IsZero() {
+				doc[name] = x.UTC().Format(time.RFC3339Nano)
+			}
 		default:
 			doc[name] = x
 		}

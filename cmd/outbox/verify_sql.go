@@ -81,7 +81,7 @@ WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_sch
 // heartbeat last.
 func (d verifySQL) dropRun(table string) []string {
 	if d.mysql { // the order trigger goes with its table
-		return []string{fmt.Sprintf("DROP TABLE IF EXISTS `%[1]s`, `%[1]s_keys`, `%[1]s_inbox`, `%[1]s_effects`", table),
+		return []string{fmt.Sprintf("DROP TABLE IF EXISTS `%[1]s`, `%[1]s_keys`, `%[1]s_scheduled`, `%[1]s_inbox`, `%[1]s_effects`", table),
 			fmt.Sprintf("DROP TABLE IF EXISTS `%s_alive`", table)}
 	}
 	return []string{dropScratch(table) + fmt.Sprintf(`; DROP TABLE IF EXISTS "%[1]s_inbox", "%[1]s_effects"; DROP FUNCTION IF EXISTS "%[1]s_order"(); DROP TABLE IF EXISTS "%[1]s_alive"`, table)}

@@ -31,8 +31,9 @@ type Row struct {
 	CreatedAt, ClaimedUntil, ParkedAt    time.Time
 	Attempts                             int
 	LastError                            string
-	Claim                                string // the claim that returned it; "" when not claimed
-	Ord                                  int64  // its place in its key's order on an ordered table (0: none)
+	Claim                                string    // the claim that returned it; "" when not claimed
+	Ord                                  int64     // its place in its key's order on an ordered table (0: none)
+	Due                                  time.Time // when a delayed message is due (ListScheduled)
 }
 
 // Ref names a claimed message to a settle: its seq and its key.
@@ -131,4 +132,29 @@ type Backend interface {
 	Purge(ctx context.Context, db *sql.DB, olderThan time.Duration, batch int, progress func(int64)) (int64, error)
 	// Purgeable counts what Purge would delete.
 	Purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error)
+
+	// ScheduleStatements create the table of delayed messages beside the
+	// table (idempotent); the down migration drops it apart.
+	ScheduleStatements() []string
+	// ScheduleSQL is the statement that writes n delayed messages: the
+	// eight columns of InsertSQL, then the delay in microseconds from the
+	// database's now.
+	ScheduleSQL(n int) string
+	// Promote moves up to n delayed messages that are due into the table,
+	// as a writer would write them then: each key's in the order they fell
+	// due, the keys in sorted order. A due message whose ID is in the
+	// table already stays, with reason as its last error. It returns how
+	// many it moved and how many it left so.
+	Promote(ctx context.Context, db *sql.DB, n int, reason string) (moved, refused int64, err error)
+	// Scheduled counts the delayed messages (up to limit), those it could
+	// not move too, and how far from now the next of the others is due
+	// (ok false: none).
+	Scheduled(ctx context.Context, db *sql.DB, limit int64) (n int64, next time.Duration, ok bool, err error)
+	// ListScheduled lists up to limit delayed messages, the soonest due
+	// first, with their due time and, for one not moved, its last error.
+	ListScheduled(ctx context.Context, db *sql.DB, limit int) ([]Row, error)
+	// ChangeScheduled makes the delayed messages among ids due now (and
+	// one not moved is tried again), or with discard deletes them, and
+	// returns how many it changed.
+	ChangeScheduled(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
 }

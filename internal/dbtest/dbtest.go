@@ -110,7 +110,7 @@ func Table(tb testing.TB) string {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := db.ExecContext(ctx, `DROP VIEW IF EXISTS "`+table+`_messages"; DROP FUNCTION IF EXISTS "`+table+`_claim"; DROP TABLE IF EXISTS "`+table+`", "`+table+`_batch", "`+table+`_settle", "`+table+`_failed", "`+table+`_log", "`+table+`_rows"; DROP FUNCTION IF EXISTS "`+table+`_id_check"`); err != nil {
+		if _, err := db.ExecContext(ctx, `DROP VIEW IF EXISTS "`+table+`_messages"; DROP FUNCTION IF EXISTS "`+table+`_claim"; DROP TABLE IF EXISTS "`+table+`", "`+table+`_batch", "`+table+`_settle", "`+table+`_failed", "`+table+`_log", "`+table+`_rows", "`+table+`_scheduled"; DROP FUNCTION IF EXISTS "`+table+`_id_check"`); err != nil {
 			tb.Errorf("dbtest: dropping %s: %v", table, err)
 		}
 	})

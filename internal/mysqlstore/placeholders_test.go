@@ -14,7 +14,7 @@ import (
 // misspelt placeholder would otherwise fail only when its statement runs.
 func TestStatementsHaveNoPlaceholderLeft(t *testing.T) {
 	known := map[string]bool{}
-	for _, k := range []string{"table", "columns", "waiting", "held", "parked", "ready", "in_flight", "retrying", "failing", "now", "in", "rows", "keys", "trigger", "marker"} {
+	for _, k := range []string{"table", "columns", "waiting", "held", "parked", "ready", "in_flight", "retrying", "failing", "now", "in", "rows", "keys", "trigger", "marker", "scheduled"} {
 		known["{"+k+"}"] = true
 	}
 	files, err := filepath.Glob("*.go")
@@ -43,7 +43,7 @@ func TestStatementsHaveNoPlaceholderLeft(t *testing.T) {
 			t.Errorf("query %s: %q", v.Type().Field(i).Name, q)
 		}
 	}
-	for _, st := range append(append(s.SchemaStatements(), s.OrderStatements()...), s.InsertSQL(3), s.KeyTurnSQL(2)) {
+	for _, st := range append(append(append(s.SchemaStatements(), s.OrderStatements()...), s.ScheduleStatements()...), s.InsertSQL(3), s.KeyTurnSQL(2), s.ScheduleSQL(2)) {
 		if strings.Contains(st, "{") {
 			t.Errorf("statement keeps a placeholder: %s", st)
 		}

@@ -1,0 +1,371 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/acemq/outbox/internal/backend"
+	"github.com/acemq/outbox/internal/dberr"
+)
+
+// Delayed messages (Event.NotBefore) wait beside the table, in
+// <table>_scheduled, until they are due; Store.Maintain then moves them
+// into the table in one statement, as a writer would write them at that
+// moment (a new seq, and on an ordered table their key's next place). So
+// the table and its claims, of either PostgreSQL layout and on MySQL, never
+// see a message that is not due: a claim costs what it costs without them,
+// and the log layout's events table stays insert-only. What a delayed
+// message changes is the scheduled table's rows, never the traffic's.
+
+// scheduleColumns are the columns of a delayed row: the eight of the
+// INSERT, then its delay in microseconds from the database's now.
+const scheduleColumns = insertColumns + 1
+
+// promoteBatch is how many due messages one statement moves; Maintain
+// moves up to promoteRounds of those a call.
+const (
+	promoteBatch  = 1000
+	promoteRounds = 5
+)
+
+// scheduleRecheck is how long a store that found no scheduled table (one
+// created by a version before delayed delivery) waits to look again.
+const scheduleRecheck = time.Minute
+
+// refusedReason is what a due message whose ID was written into the table
+// meanwhile says, kept in the scheduled table for an operator.
+const refusedReason = "not moved into the table when due: a message of the same ID was written there meanwhile"
+
+// scheduledTable names the table of delayed messages of t.
+func (t table) scheduledTable() string { return t.qualified(t.name + "_scheduled") }
+
+// scheduledSQL creates the table of delayed messages (PostgreSQL, either
+// layout): migration 000002 of the log layout, 000003 of the rows layout.
+func (t table) scheduledSQL() string {
+	return strings.NewReplacer("{scheduled}", t.scheduledTable(), "{name}", t.name).Replace(`-- Messages written with a delay (Event.NotBefore), until they are due:
+-- Store.Maintain (a relay, every 100ms) moves them into the table then.
+-- last_error is set on one it could not move (its ID was written into
+-- the table meanwhile): it stays here for an operator.
+CREATE TABLE IF NOT EXISTS {scheduled} (
+    id            uuid        PRIMARY KEY,
+    event_type    text        NOT NULL,
+    event_key     text        NOT NULL DEFAULT '',
+    exchange      text        NOT NULL DEFAULT '',
+    routing_key   text        NOT NULL DEFAULT '',
+    payload       bytea       NOT NULL,
+    content_type  text        NOT NULL DEFAULT 'application/json',
+    headers       jsonb       NOT NULL DEFAULT '{}',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    due           timestamptz NOT NULL,
+    last_error    text
+);
+
+CREATE INDEX IF NOT EXISTS "{name}_scheduled_due_idx" ON {scheduled} (due)
+    WHERE last_error IS NULL;
+`)
+}
+
+// dropScheduledSQL drops it (the down migration).
+func (t table) dropScheduledSQL() string {
+	return "DROP TABLE IF EXISTS " + t.scheduledTable() + ";\n"
+}
+
+// pgPromoteSQL moves up to $1 due messages into the table, each of its
+// keys' messages in the order they fell due, keys in sorted order (the
+// order a writer in ordered mode takes their turns in), and sets aside
+// those whose ID is in the table already. It returns how many of each.
+const pgPromoteSQL = `WITH due AS (
+    SELECT s.id FROM {scheduled} AS s
+    WHERE s.due <= now() AND s.last_error IS NULL
+    ORDER BY s.due LIMIT $1 FOR UPDATE SKIP LOCKED
+), taken AS (
+    DELETE FROM {scheduled} AS s USING due
+    WHERE s.id = due.id AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)
+    RETURNING s.*
+), moved AS (
+    INSERT INTO {table} (id, event_type, event_key, exchange, routing_key, payload, content_type, headers)
+    SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, headers FROM taken
+    ORDER BY event_key, due, created_at, id
+    RETURNING 1
+), refused AS (
+    UPDATE {scheduled} AS s SET last_error = $2
+    FROM due WHERE s.id = due.id AND EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM refused)`
+
+// pgScheduledCountSQL counts the delayed messages (up to $1; those that
+// could not be moved too) and says how far from now the next is due, in
+// microseconds (NULL: none).
+const pgScheduledCountSQL = `SELECT (SELECT count(*) FROM (SELECT 1 FROM {scheduled} LIMIT $1) AS c),
+    (SELECT floor(extract(epoch FROM min(due) - now()) * 1000000)::bigint FROM {scheduled} WHERE last_error IS NULL)`
+
+// scheduler is what a Store does with delayed messages, in its database's
+// SQL: PostgreSQL's (either layout) or a backend's.
+type scheduler interface {
+	// scheduleSQL writes n delayed rows (scheduleColumns each).
+	scheduleSQL(n int) string
+	// promote moves up to n due messages into the table.
+	promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, err error)
+	// scheduled counts the delayed messages, up to limit, and how far
+	// ahead the next is due (ok false: none).
+	scheduled(ctx context.Context, db *sql.DB, limit int64) (n int64, next time.Duration, ok bool, err error)
+	// list lists up to limit of them, the soonest due first.
+	list(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error)
+	// change makes those among ids due now, or deletes them.
+	change(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
+}
+
+// pgScheduler is scheduler on PostgreSQL.
+type pgScheduler struct {
+	t        table
+	promoteQ string
+	countQ   string
+
+	mu   sync.Mutex
+	sqls map[int]string
+}
+
+func newPGScheduler(t table) *pgScheduler {
+	r := strings.NewReplacer("{scheduled}", t.scheduledTable(), "{table}", t.quoted)
+	return &pgScheduler{t: t, promoteQ: r.Replace(pgPromoteSQL), countQ: r.Replace(pgScheduledCountSQL), sqls: map[int]string{}}
+}
+
+func (p *pgScheduler) scheduleSQL(n int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if q := p.sqls[n]; q != "" {
+		return q
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + p.t.scheduledTable() + " (id, event_type, event_key, exchange, routing_key, payload, content_type, headers, due) VALUES ")
+	for r := range n {
+		if r > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		for c := range insertColumns {
+			b.WriteString("$" + strconv.Itoa(r*scheduleColumns+c+1))
+			if c == insertColumns-1 {
+				b.WriteString("::jsonb")
+			}
+			b.WriteByte(',')
+		}
+		b.WriteString("now() + $" + strconv.Itoa(r*scheduleColumns+scheduleColumns) + "::bigint * interval '1 microsecond')")
+	}
+	p.sqls[n] = b.String()
+	return p.sqls[n]
+}
+
+func (p *pgScheduler) promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, err error) {
+	err = db.QueryRowContext(ctx, p.promoteQ, n, refusedReason).Scan(&moved, &refused)
+	return moved, refused, err
+}
+
+func (p *pgScheduler) scheduled(ctx context.Context, db *sql.DB, limit int64) (int64, time.Duration, bool, error) {
+	var (
+		n    int64
+		next sql.NullInt64
+	)
+	if err := db.QueryRowContext(ctx, p.countQ, limit).Scan(&n, &next); err != nil {
+		return 0, 0, false, err
+	}
+	return n, time.Duration(next.Int64) * time.Microsecond, next.Valid, nil
+}
+
+// backendScheduler is scheduler on a backend's database.
+type backendScheduler struct{ be backend.Backend }
+
+func (b backendScheduler) scheduleSQL(n int) string { return b.be.ScheduleSQL(n) }
+
+func (b backendScheduler) promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, err error) {
+	return b.be.Promote(ctx, db, n, refusedReason)
+}
+
+func (b backendScheduler) scheduled(ctx context.Context, db *sql.DB, limit int64) (int64, time.Duration, bool, error) {
+	return b.be.Scheduled(ctx, db, limit)
+}
+
+func (b backendScheduler) list(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
+	return b.be.ListScheduled(ctx, db, limit)
+}
+
+func (b backendScheduler) change(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
+	return b.be.ChangeScheduled(ctx, db, discard, ids)
+}
+
+func (p *pgScheduler) list(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
+	rows, err := db.QueryContext(ctx, `SELECT id::text, event_type, event_key, exchange, routing_key, payload, content_type, headers::text,
+	created_at, due, coalesce(last_error, '') FROM `+p.t.scheduledTable()+` ORDER BY due, id LIMIT $1`, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []backend.Row
+	for rows.Next() {
+		var (
+			r       backend.Row
+			headers string
+		)
+		if err := rows.Scan(&r.ID, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload, &r.ContentType, &headers,
+			&r.CreatedAt, &r.Due, &r.LastError); err != nil {
+			return nil, err
+		}
+		r.Headers = []byte(headers)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func (p *pgScheduler) change(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
+	q := `UPDATE ` + p.t.scheduledTable() + ` SET due = now(), last_error = NULL WHERE id = ANY($1::uuid[])`
+	if discard {
+		q = `DELETE FROM ` + p.t.scheduledTable() + ` WHERE id = ANY($1::uuid[])`
+	}
+	res, err := db.ExecContext(ctx, q, ids)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Scheduled returns up to limit delayed messages (Event.NotBefore) that
+// wait beside the table, the soonest due first, each with its NotBefore
+// (when it is due, by the database's clock) and, for one Maintain could
+// not move into the table (a message of its ID was written there
+// meanwhile), its LastError.
+func (s *Store) Scheduled(ctx context.Context, limit int) ([]Message, error) {
+	db, err := s.pool()
+	if err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("outbox: Scheduled: limit must be at least 1 (got %d)", limit)
+	}
+	rows, err := s.sched.list(ctx, db, limit)
+	switch {
+	case dberr.Classify(err) == dberr.NoTable:
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("outbox: listing the delayed messages of %s: %w", s.t.full, err)
+	}
+	return fromRows(rows, false), nil
+}
+
+// PublishNow makes the delayed messages among ids due now: the next
+// Maintain (a relay's, within 100ms) moves them into the table, and they
+// go out. One Maintain could not move is tried again. Ids that are not
+// delayed messages are ignored. It returns how many it made due.
+func (s *Store) PublishNow(ctx context.Context, ids ...string) (int64, error) {
+	return s.changeScheduled(ctx, "PublishNow", "making delayed messages due", false, ids)
+}
+
+// DiscardScheduled deletes the delayed messages among ids: they are never
+// published. Ids that are not delayed messages are ignored. It returns
+// how many it deleted.
+func (s *Store) DiscardScheduled(ctx context.Context, ids ...string) (int64, error) {
+	return s.changeScheduled(ctx, "DiscardScheduled", "discarding delayed messages", true, ids)
+}
+
+func (s *Store) changeScheduled(ctx context.Context, op, what string, discard bool, ids []string) (int64, error) {
+	db, err := s.pool()
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	canon := make([]string, len(ids))
+	for i, id := range ids {
+		u, err := uuid.Parse(id)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: %s: %q is not a message id (a UUID)", op, id)
+		}
+		canon[i] = u.String()
+	}
+	n, err := s.sched.change(ctx, db, discard, canon)
+	switch {
+	case dberr.Classify(err) == dberr.NoTable:
+		return 0, nil
+	case err != nil:
+		return n, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
+	}
+	if n > 0 && !discard {
+		s.Notify()
+	}
+	return n, nil
+}
+
+// scheduleSQL is the statement that writes n delayed rows.
+func (s *Store) scheduleSQL(n int) string { return s.sched.scheduleSQL(n) }
+
+// promoteDue moves the messages that are due into the table (Maintain),
+// and wakes the relays of this process when it moved some. A table without
+// a scheduled table (created before delayed delivery) has none: it looks
+// again a minute later.
+func (s *Store) promoteDue(ctx context.Context, db *sql.DB) error {
+	if !s.schedAbsent.due() {
+		return nil
+	}
+	var moved int64
+	for range promoteRounds {
+		m, refused, err := s.sched.promote(ctx, db, promoteBatch)
+		if dberr.Classify(err) == dberr.NoTable {
+			s.schedAbsent.wait(scheduleRecheck)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("outbox: moving the due delayed messages into %s: %w", s.t.full, err)
+		}
+		if refused > 0 {
+			s.logger.WarnContext(ctx, "outbox: delayed messages not moved into the table when due: their IDs were written there meanwhile; they stay in the scheduled table",
+				slog.String("table", s.t.full), slog.Int64("count", refused))
+		}
+		moved += m
+		if m+refused < promoteBatch {
+			break
+		}
+	}
+	if moved > 0 {
+		s.Notify()
+	}
+	return nil
+}
+
+// scheduledCounts reads Stats' and Gauges' Scheduled and NextDue; a table
+// without a scheduled table has none.
+func (s *Store) scheduledCounts(ctx context.Context, db *sql.DB, limit int64) (n int64, next time.Time, err error) {
+	n, until, ok, err := s.sched.scheduled(ctx, db, limit)
+	switch {
+	case dberr.Classify(err) == dberr.NoTable:
+		return 0, time.Time{}, nil
+	case err != nil:
+		return 0, time.Time{}, fmt.Errorf("outbox: counting the delayed messages of %s: %w", s.t.full, err)
+	case ok:
+		next = time.Now().Add(until)
+	}
+	return n, next, nil
+}
+
+// backoffGate says whether something is due again after a wait.
+type backoffGate struct {
+	mu    sync.Mutex
+	until time.Time
+}
+
+func (g *backoffGate) due() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !time.Now().Before(g.until)
+}
+
+func (g *backoffGate) wait(d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.until = time.Now().Add(d)
+}
