@@ -59,7 +59,7 @@ func cmdBench(ctx context.Context, x *cli, args []string) error {
 	c.fs.BoolVar(&o.notify, "notify-after-commit", false, "writers call Store.Notify after each commit, as GORM's own transactions do (without it, Add's wake-up comes before the commit)")
 	c.fs.BoolVar(&o.noWake, "no-wake", false, "the relay ignores the wake-ups of writers in its process, as a relay in another process would")
 	c.fs.BoolVar(&o.holdSnapshot, "hold-snapshot", false, "hold a REPEATABLE READ snapshot open for the whole bench, as a long report query or a forgotten BEGIN does: VACUUM can then remove no dead row version younger than it")
-	c.fs.IntVar(&o.delayed, "delayed", 0, "with --rate: also write this many delayed events (Event.NotBefore) as each run's relay starts, due 1 to 60 s later, spread evenly, and report how long after its due time each was delivered")
+	c.fs.IntVar(&o.delayed, "delayed", 0, "with --rate: also write this many delayed events (Event.NotBefore) as each run's relay starts, due over 59 s from 13 s later, spread evenly; report how long after its due time each was delivered, and the relay's claims a second before and after they were written")
 	c.fs.BoolVar(&o.floor, "floor", true, "with --rate: before the relay's phase of each run, measure the floor under its figures on this machine: the same writers at the same rate publishing each message themselves right after its commit, with no relay")
 	c.fs.BoolVar(&o.relayProcess, "relay-process", false, "run the relay as another process (outbox relay, this binary), as it runs in production: no in-process wake-ups, its own pool and GC")
 	c.fs.IntVar(&o.runs, "runs", 3, "runs; each figure is their median, with min and max")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/acemq/outbox/relay"
@@ -17,9 +18,11 @@ type phaseObserver struct {
 	mu                     sync.Mutex
 	claim, publish, settle []time.Duration
 	batch                  []float64
+	claims                 atomic.Int64 // every claim, the empty ones too
 }
 
 func (o *phaseObserver) Claimed(_ context.Context, n int, took time.Duration, err error) {
+	o.claims.Add(1)
 	if n > 0 && err == nil {
 		o.mu.Lock()
 		o.claim, o.batch = append(o.claim, took), append(o.batch, float64(n))

@@ -21,6 +21,8 @@ type latencies struct {
 	fifths     [2]time.Duration // p50 of the first and of the last fifth of the messages, by commit time
 	lastMinute time.Duration    // p99 of the last minute's commits, in a run of more than two minutes
 	late       []time.Duration  // --delayed: how long after its due time each delayed event arrived, sorted
+	claimsIdle float64          // --delayed: the relay's claims a second with nothing written, then
+	claimsWait float64          // with only the delayed events written, none due yet
 	cpu        cpuCost          // where the CPU went while the writers wrote and the messages arrived
 }
 
@@ -59,6 +61,7 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		relayed, direct       latencyFigures
 		relayedCPU, directCPU costs
 		delayed               [][]time.Duration
+		idle, waiting         figure
 	)
 	for run := 1; run <= b.o.runs; run++ {
 		floor, floorCPU := "", ""
@@ -84,7 +87,9 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(b.stderr, "bench: run %d: CPU: relay: %s%s\n", run, l.cpu.text(b.o.relayProcess), floorCPU)
 		if b.o.delayed > 0 {
 			delayed = append(delayed, l.late)
-			fmt.Fprintf(b.stderr, "bench: run %d: %s\n", run, lateText(l.late, b.o.delayed))
+			idle, waiting = append(idle, l.claimsIdle), append(waiting, l.claimsWait)
+			fmt.Fprintf(b.stderr, "bench: run %d: %s; the relay's claims a second: idle %.1f, with only the delayed events waiting %.1f\n",
+				run, lateText(l.late, b.o.delayed), l.claimsIdle, l.claimsWait)
 		}
 	}
 	where := "in the bench's process"
@@ -102,8 +107,8 @@ func (b *bencher) latency(ctx context.Context, out io.Writer) error {
 		for _, late := range delayed {
 			p50, p99, worst = append(p50, ms(percentile(late, 0.5))), append(p99, ms(percentile(late, 0.99))), append(worst, ms(percentile(late, 1)))
 		}
-		fmt.Fprintf(out, "bench: %d delayed events a run, due 1 to 60 s after the relay's start: delivered after their due time p50 %s, p99 %s, max %s\n",
-			b.o.delayed, p50.format("%.1f", " ms"), p99.format("%.1f", " ms"), worst.format("%.1f", " ms"))
+		fmt.Fprintf(out, "bench: %d delayed events a run, due over 59 s from 13 s after their writing began: delivered after their due time p50 %s, p99 %s, max %s; the relay's claims a second idle %s, with only the delayed events waiting %s\n",
+			b.o.delayed, p50.format("%.1f", " ms"), p99.format("%.1f", " ms"), worst.format("%.1f", " ms"), idle.format("%.1f", ""), waiting.format("%.1f", ""))
 	}
 	if c := relayedCPU.median(); c.ok {
 		floorCPU := ""
@@ -178,8 +183,10 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 			return l, err
 		}
 		defer stop()
-		if err := b.writeDelayed(ctx, delayed, due); err != nil {
-			return l, err
+		if delayed > 0 {
+			if l.claimsIdle, l.claimsWait, err = b.writeDelayed(ctx, delayed, due); err != nil {
+				return l, err
+			}
 		}
 	}
 
@@ -235,39 +242,67 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 		}
 		delete(arrived, key)
 	}
-	late := l.late
+	kept := l // the delayed events' figures
 	l, err = measure(committed, arrived)
 	l.cpu = used
-	slices.Sort(late)
-	l.late = late
+	slices.Sort(kept.late)
+	l.late, l.claimsIdle, l.claimsWait = kept.late, kept.claimsIdle, kept.claimsWait
 	return l, err
 }
 
-// writeDelayed writes n delayed events, 100 to a transaction, due 1 to
-// 60 s from now, spread evenly, and records when each is due by its key.
-func (b *bencher) writeDelayed(ctx context.Context, n int, due map[string]time.Time) error {
-	start := time.Now()
+// delayedWindow is how long writeDelayed counts the relay's claims, idle
+// and then with only delayed events waiting; delayedWrite how long it
+// gives itself to write them.
+const (
+	delayedWindow = 3 * time.Second
+	delayedWrite  = 10 * time.Second
+)
+
+// writeDelayed counts the claims of the relay, idle, for delayedWindow;
+// writes n delayed events, 100 to a transaction, due from delayedWrite
+// and delayedWindow after it began writing to 59 s after that, spread
+// evenly, recording when each is due by its key; and counts the claims
+// again, for delayedWindow, once they are written and before the first
+// is due. It returns both counts a second.
+func (b *bencher) writeDelayed(ctx context.Context, n int, due map[string]time.Time) (idle, waiting float64, err error) {
+	count := func() (float64, error) {
+		before := b.phases.claims.Load()
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(delayedWindow):
+		}
+		return float64(b.phases.claims.Load()-before) / delayedWindow.Seconds(), nil
+	}
+	if idle, err = count(); err != nil {
+		return 0, 0, err
+	}
+	start := time.Now().Add(delayedWrite + delayedWindow)
 	for first := 0; first < n; first += 100 {
 		tx, err := b.db.BeginTx(ctx, nil)
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 		var evts []outbox.Event
 		for i := first; i < min(first+100, n); i++ {
 			key := "d-" + strconv.Itoa(i)
-			at := start.Add(time.Second + time.Duration(i)*59*time.Second/time.Duration(n))
+			at := start.Add(time.Duration(i) * 59 * time.Second / time.Duration(n))
 			due[key] = at
 			evts = append(evts, outbox.Event{Type: "bench.delayed", Key: key, Payload: b.payload, NotBefore: at})
 		}
 		if err := b.store.Add(ctx, tx, evts...); err != nil {
 			_ = tx.Rollback()
-			return err
+			return 0, 0, err
 		}
 		if err := tx.Commit(); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	return nil
+	if time.Until(start) < delayedWindow {
+		return 0, 0, fmt.Errorf("writing %d delayed events took longer than %s: fewer, or a faster database", n, delayedWrite)
+	}
+	waiting, err = count()
+	return idle, waiting, err
 }
 
 // directPublisher returns a function that publishes the message of a key
