@@ -182,6 +182,9 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 	if len(keyed) > 0 {
 		s.Notify()
 	}
+	if len(delayed) > 0 {
+		s.schedAbsent.wait(0) // the scheduled table is there
+	}
 	return ids, nil
 }
 

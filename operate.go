@@ -264,6 +264,7 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 		return err
 	}
 	if s.be != nil { // one kind of table, created as MySQLSchema says
+		defer s.schedAbsent.wait(0)
 		return backendOps{s}.createRowsSchema(ctx, db)
 	}
 	var exists bool
@@ -309,6 +310,7 @@ func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()+s.t.scheduledSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
+	s.schedAbsent.wait(0) // its scheduled table is there now
 	if s.ordering != OrderedByKey {
 		return nil
 	}
