@@ -42,6 +42,9 @@ func BenchmarkMySQLCountsWithHistory(b *testing.B) {
 		require.NoError(b, tx.Commit())
 		_, err = db.ExecContext(ctx, `ANALYZE TABLE outbox`)
 		require.NoError(b, err)
+		var rows int
+		require.NoError(b, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox`).Scan(&rows))
+		require.Equal(b, published+1000, rows)
 
 		for _, read := range []struct {
 			name string
