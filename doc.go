@@ -33,6 +33,14 @@
 // bytes ([StoreConfig.BatchMaxBytes]), so that a few large rows cannot
 // exhaust a relay's memory.
 //
+// An event with [Event.NotBefore] later than now is delayed: it commits
+// with the transaction, waits beside the table (in <table>_scheduled)
+// where no claim sees it, and [Store.Maintain], which a relay calls every
+// 100ms, moves it into the table once it is due, as if written then. It
+// is never claimed before NotBefore; operators see it ([Stats.Scheduled],
+// [Store.Scheduled]) and can publish it now or discard it
+// ([Store.PublishNow], [Store.DiscardScheduled]).
+//
 // # Ordered mode
 //
 // By default ([Unordered]) messages are claimed oldest first but relays
@@ -82,9 +90,12 @@
 // README:
 //
 //   - pending: waiting to be published, whatever it waits for: ready,
-//     claimed, backing off, held and parked messages, all of them
-//     ([Store.Pending], [Stats.Pending], [Gauges.Pending]), as the store's
-//     contract says.
+//     claimed, backing off, held, parked and scheduled messages, all of
+//     them ([Store.Pending], [Stats.Pending], [Gauges.Pending]), as the
+//     store's contract says.
+//   - scheduled (delayed): written with [Event.NotBefore] later than now;
+//     waits beside the table until it is due ([Stats.Scheduled],
+//     [Stats.NextDue]).
 //   - ready: claimable now: neither claimed, backing off, held nor parked
 //     ([Stats.Ready]). What should be moving: alert on it and on
 //     [Stats.OldestReadyAge], not on pending, which counts parked ones.

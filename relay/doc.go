@@ -106,7 +106,10 @@
 //     and rotates the partitions, so that no claim waits for that work (a
 //     few milliseconds every 250ms, 5 to 30 every second; the claimer is
 //     serial, and every message committed meanwhile waited too). The
-//     claims take what its looks found.
+//     claims take what its looks found. On every table it moves the
+//     delayed messages that have fallen due (outbox.Event.NotBefore) into
+//     the table, which wakes the claimer: a delayed message goes out
+//     within about 100ms of its due time, and never before.
 //
 // A claim is bounded by a third of Config.Lease, and a shutdown does not
 // cut it short: a claim cancelled mid-statement may have committed all the
