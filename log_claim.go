@@ -29,6 +29,9 @@ type logStore struct {
 	failedDueSQL                                       string
 	failSQL, refailSQL, parkUnfitSQL                   string
 	releaseBatchSQL, releaseFailedSQL                  string // orphan.go
+	// log_operate.go
+	countsSQL, parkedSQL, retrySQL, retryAllSQL, discardSQL, discardAllSQL string
+	horizonSQL, purgeFailedSQL                                             string
 
 	mu  sync.Mutex
 	low int64 // no batch below it is unfinished, as far as this store has seen
@@ -44,6 +47,9 @@ func newLogStore(s *Store, l logTables) *logStore {
 	ls := &logStore{s: s, l: l, looks: looks{lookEvery: lookEvery}, now: time.Now}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
 	ls.releaseBatchSQL, ls.releaseFailedSQL = r.Replace(releaseLogBatchSQL), r.Replace(releaseLogFailedSQL)
+	ls.countsSQL, ls.parkedSQL, ls.horizonSQL, ls.purgeFailedSQL = r.Replace(logCountsSQL), r.Replace(logParkedSQL), r.Replace(logHorizonSQL), r.Replace(logPurgeFailedSQL)
+	ls.retrySQL, ls.retryAllSQL = r.Replace(logChangeParked(logRetrySet, true)), r.Replace(logChangeParked(logRetrySet, false))
+	ls.discardSQL, ls.discardAllSQL = r.Replace(logChangeParked(`discarded_at = now()`, true)), r.Replace(logChangeParked(`discarded_at = now()`, false))
 	// What became of messages $4 of gen $2 of batch $1 (kind $3), unless
 	// a later gen took the batch over.
 	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)

@@ -27,10 +27,6 @@ type logCounts struct {
 	oldest, oldestReady                                       float64
 }
 
-func (ls *logStore) r() *strings.Replacer {
-	return strings.NewReplacer("{table}", ls.s.t.quoted, "{batch}", ls.l.batch, "{settle}", ls.l.settle, "{failed}", ls.l.failed)
-}
-
 // latestCTE is the newest batch row: the cursor of the table.
 const latestCTE = `l AS (SELECT lo, hi, last_tx, last_seq, more FROM {batch} ORDER BY batch_id DESC, gen DESC LIMIT 1)`
 
@@ -76,19 +72,19 @@ const (
 	logFailedRetrying = logFailedFree + ` AND last_error IS NOT NULL AND available_at > now()`
 )
 
-func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
-	var c logCounts
-	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`,
-`+freshCTE+`,
-u AS (SELECT * FROM `+unsettledFrom+` WHERE u.remaining > 0),
+// logCountsSQL counts a table's messages by state, each part of fresh
+// limited to $1.
+const logCountsSQL = `WITH ` + latestCTE + `,
+` + freshCTE + `,
+u AS (SELECT * FROM ` + unsettledFrom + ` WHERE u.remaining > 0),
 f AS (SELECT * FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL)
 SELECT (SELECT count(*) FROM fresh),
 	(SELECT coalesce(sum(remaining), 0) FROM u),
 	(SELECT coalesce(sum(remaining), 0) FROM u WHERE taken),
-	(SELECT count(*) FROM f WHERE `+logFailedInFlight+`),
-	(SELECT count(*) FROM f WHERE `+logFailedReady+`),
-	(SELECT count(*) FROM f WHERE `+logFailedRetrying+`),
-	(SELECT count(*) FROM f WHERE `+logFailedHeld+`),
+	(SELECT count(*) FROM f WHERE ` + logFailedInFlight + `),
+	(SELECT count(*) FROM f WHERE ` + logFailedReady + `),
+	(SELECT count(*) FROM f WHERE ` + logFailedRetrying + `),
+	(SELECT count(*) FROM f WHERE ` + logFailedHeld + `),
 	(SELECT count(*) FROM f WHERE parked_at IS NOT NULL),
 	(SELECT coalesce(sum(cardinality(seqs)), 0) FROM {settle} WHERE kind = 'p' AND at > now() - interval '1 hour')
 	  + (SELECT count(*) FROM {failed} WHERE published_at > now() - interval '1 hour'),
@@ -97,8 +93,11 @@ SELECT (SELECT count(*) FROM fresh),
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f))), 0),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u WHERE NOT taken),
-		(SELECT min(created_at) FROM f WHERE `+logFailedReady+`))), 0)`),
-		limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedRetrying, &c.held, &c.parked,
+		(SELECT min(created_at) FROM f WHERE ` + logFailedReady + `))), 0)`
+
+func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
+	var c logCounts
+	err := db.QueryRowContext(ctx, ls.countsSQL, limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedRetrying, &c.held, &c.parked,
 		&c.published, &c.blockedKeys, &c.oldest, &c.oldestReady)
 	if err != nil {
 		return logCounts{}, fmt.Errorf("outbox: counting messages of %s: %w", ls.s.t.full, err)
@@ -140,33 +139,51 @@ func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges
 	return g, nil
 }
 
-func (ls *logStore) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {
-	rows, err := db.QueryContext(ctx, ls.r().Replace(`SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
+// logParkedSQL lists up to $1 parked messages, the latest parked first.
+const logParkedSQL = `SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
 	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at
 FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL
-ORDER BY o.parked_at DESC LIMIT $1`), limit)
+ORDER BY o.parked_at DESC LIMIT $1`
+
+func (ls *logStore) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {
+	rows, err := db.QueryContext(ctx, ls.parkedSQL, limit)
 	if err != nil {
 		return nil, err
 	}
 	return scanMessages(rows, nil)
 }
 
+// logRetrySet is what a retry does to a parked message of the failed
+// table.
+const logRetrySet = `parked_at = NULL, attempts = 0, available_at = now(), claim_token = NULL, claimed_until = NULL`
+
+// logChangeParked sets set on the parked messages of the failed table,
+// those whose ids are $1 (byID) or all of them, and counts them.
+func logChangeParked(set string, byID bool) string {
+	where := ""
+	if byID {
+		where = " AND id = ANY($1::uuid[])"
+	}
+	return `WITH c AS (UPDATE {failed} SET ` + set + `
+	WHERE parked_at IS NOT NULL AND published_at IS NULL AND discarded_at IS NULL` + where + ` RETURNING 1)
+SELECT count(*) FROM c`
+}
+
 // changeParked re-arms (retry) or discards parked messages, those among
 // ids or, when ids is nil, all of them.
 func (ls *logStore) changeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
-	set := `parked_at = NULL, attempts = 0, available_at = now(), claim_token = NULL, claimed_until = NULL`
-	if discard {
-		set = `discarded_at = now()`
-	}
-	where, args := "", []any{}
-	if ids != nil {
-		where, args = " AND id = ANY($1::uuid[])", []any{ids}
+	query, args := ls.retrySQL, []any{ids}
+	switch {
+	case discard && ids == nil:
+		query, args = ls.discardAllSQL, nil
+	case discard:
+		query = ls.discardSQL
+	case ids == nil:
+		query, args = ls.retryAllSQL, nil
 	}
 	defer ls.failedSoon()
 	var n int64
-	err := db.QueryRowContext(ctx, ls.r().Replace(`WITH c AS (UPDATE {failed} SET `+set+`
-	WHERE parked_at IS NOT NULL AND published_at IS NULL AND discarded_at IS NULL`+where+` RETURNING 1)
-SELECT count(*) FROM c`), args...).Scan(&n)
+	err := db.QueryRowContext(ctx, query, args...).Scan(&n)
 	return n, err
 }
 
@@ -178,10 +195,7 @@ func (ls *logStore) horizon(ctx context.Context, q querier) (string, error) {
 	low := ls.low // no batch below it is unfinished
 	ls.mu.Unlock()
 	var h sql.NullString
-	err := q.QueryRowContext(ctx, ls.r().Replace(`WITH `+latestCTE+`
-SELECT coalesce(
-	(SELECT u.lo::text FROM `+unsettledFrom+` WHERE u.remaining > 0 AND u.batch_id >= $1 ORDER BY u.batch_id LIMIT 1),
-	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`), low).Scan(&h)
+	err := q.QueryRowContext(ctx, ls.horizonSQL, low).Scan(&h)
 	if err != nil {
 		return "", err
 	}
@@ -190,6 +204,12 @@ SELECT coalesce(
 	}
 	return h.String, nil
 }
+
+// logHorizonSQL reads the horizon (see logStore.horizon), from batch $1 on.
+const logHorizonSQL = `WITH ` + latestCTE + `
+SELECT coalesce(
+	(SELECT u.lo::text FROM ` + unsettledFrom + ` WHERE u.remaining > 0 AND u.batch_id >= $1 ORDER BY u.batch_id LIMIT 1),
+	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`
 
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
@@ -234,13 +254,18 @@ func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Durati
 	// The failed table's copies of messages published or discarded long
 	// enough ago, once their events are gone with their partitions: on an
 	// ordered table it also carries the backlogs of hot keys.
-	_, err = pgschema.DeleteInBatches(ctx, db, 10_000, nil, ls.r().Replace(`DELETE FROM {failed} WHERE id IN (
+	_, err = pgschema.DeleteInBatches(ctx, db, 10_000, nil, ls.purgeFailedSQL, olderThan.Microseconds())
+	return total, err
+}
+
+// logPurgeFailedSQL deletes up to $2 of the failed table's copies of
+// messages published or discarded more than $1 microseconds ago whose
+// events are gone.
+const logPurgeFailedSQL = `DELETE FROM {failed} WHERE id IN (
 	SELECT f.id FROM {failed} AS f
 	WHERE coalesce(f.published_at, f.discarded_at) < now() - $1::bigint * interval '1 microsecond'
 	  AND NOT EXISTS (SELECT 1 FROM {table} AS o WHERE o.id = f.id)
-	LIMIT $2)`), olderThan.Microseconds())
-	return total, err
-}
+	LIMIT $2)`
 
 // current returns the partition writers are in.
 func (ls *logStore) current(ctx context.Context, q querier) (int64, error) {
