@@ -136,8 +136,8 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 	seen := map[string]bool{}
 	for i := range evts {
 		row, err := s.rowArgs(&evts[i], base)
-		delay := evts[i].NotBefore.Sub(now)
-		if err == nil && !evts[i].NotBefore.IsZero() && delay > NotBeforeMax {
+		delay := evts[i].NotBefore.Sub(now) // the zero time: far in the past, now
+		if err == nil && delay > NotBeforeMax {
 			err = fmt.Errorf("%w: %.60q event: NotBefore %s is %s ahead, more than NotBeforeMax (%s)", ErrInvalidEvent, evts[i].Type,
 				evts[i].NotBefore.Format(time.RFC3339), delay.Round(time.Second), NotBeforeMax)
 		}
@@ -154,7 +154,7 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 			return nil, err
 		}
 		ids[i] = row[0].(string)
-		if !evts[i].NotBefore.IsZero() && delay >= time.Microsecond {
+		if delay >= time.Microsecond {
 			delayed = append(append(delayed, row[:]...), delay.Microseconds())
 			continue
 		}
@@ -171,7 +171,7 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 	}
 	for start := 0; start < len(delayed); start += insertChunk * scheduleColumns {
 		chunk := delayed[start:min(start+insertChunk*scheduleColumns, len(delayed))]
-		stmts = append(stmts, statement{s.scheduleSQL(len(chunk) / scheduleColumns), chunk})
+		stmts = append(stmts, statement{s.sched.scheduleSQL(len(chunk) / scheduleColumns), chunk})
 	}
 	if err := s.write(ctx, tx, len(evts), stmts); err != nil {
 		if len(delayed) > 0 && dberr.Classify(err) == dberr.NoTable {
@@ -183,7 +183,7 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 		s.Notify()
 	}
 	if len(delayed) > 0 {
-		s.schedAbsent.wait(0) // the scheduled table is there
+		s.scheduledMayExist()
 	}
 	return ids, nil
 }

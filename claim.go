@@ -308,10 +308,11 @@ func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason 
 // returns at once when nothing is. On every table it moves the delayed
 // messages that are due (Event.NotBefore) into the table, up to 5,000 a
 // call, and wakes this process's relays when it moved some: only Maintain
-// does, so a claim loop of your own must call it for them to go out. On a table of
-// LayoutRows it does nothing more on PostgreSQL; on MySQL it looks for messages ready again below where
-// claims read from (a lease that ran out, a release by another process),
-// once a second at most, and less often when that look is slow.
+// does, so a claim loop of your own must call it for them to go out. On a
+// table of LayoutRows it does nothing more on PostgreSQL; on MySQL it
+// looks for messages ready again below where claims read from (a lease
+// that ran out, a release by another process), once a second at most, and
+// less often when that look is slow.
 //
 // A relay calls it every 100ms from a goroutine of its own. While something
 // calls it, claims leave this work to it; a claim loop of your own that

@@ -194,7 +194,7 @@ func (s *Store) forgetLayout() {
 	s.layoutMu.Lock()
 	s.layoutKnown = 0
 	s.layoutMu.Unlock()
-	s.schedAbsent.wait(0) // the schema may have its scheduled table now
+	s.scheduledMayExist()
 }
 
 // relayout forgets the layout when err says that the table is not what the

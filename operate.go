@@ -264,7 +264,7 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 		return err
 	}
 	if s.be != nil { // one kind of table, created as MySQLSchema says
-		defer s.schedAbsent.wait(0)
+		defer s.scheduledMayExist()
 		return backendOps{s}.createRowsSchema(ctx, db)
 	}
 	var exists bool
@@ -310,7 +310,7 @@ func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.createSQL()+s.t.orderSQL()+s.t.scheduledSQL()); err != nil {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
-	s.schedAbsent.wait(0) // its scheduled table is there now
+	s.scheduledMayExist()
 	if s.ordering != OrderedByKey {
 		return nil
 	}

@@ -301,22 +301,19 @@ func (s *Store) changeScheduled(ctx context.Context, op, what string, discard bo
 	return n, nil
 }
 
-// scheduleSQL is the statement that writes n delayed rows.
-func (s *Store) scheduleSQL(n int) string { return s.sched.scheduleSQL(n) }
-
 // promoteDue moves the messages that are due into the table (Maintain),
 // and wakes the relays of this process when it moved some. A table without
 // a scheduled table (created before delayed delivery) has none: it looks
 // again a minute later.
 func (s *Store) promoteDue(ctx context.Context, db *sql.DB) error {
-	if !s.schedAbsent.due() {
+	if time.Now().UnixNano() < s.schedAbsentUntil.Load() {
 		return nil
 	}
 	var moved int64
 	for range promoteRounds {
 		m, refused, err := s.sched.promote(ctx, db, promoteBatch)
 		if dberr.Classify(err) == dberr.NoTable {
-			s.schedAbsent.wait(scheduleRecheck)
+			s.schedAbsentUntil.Store(time.Now().Add(scheduleRecheck).UnixNano())
 			return nil
 		}
 		if err != nil {
@@ -352,20 +349,6 @@ func (s *Store) scheduledCounts(ctx context.Context, db *sql.DB, limit int64) (n
 	return n, next, nil
 }
 
-// backoffGate says whether something is due again after a wait.
-type backoffGate struct {
-	mu    sync.Mutex
-	until time.Time
-}
-
-func (g *backoffGate) due() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return !time.Now().Before(g.until)
-}
-
-func (g *backoffGate) wait(d time.Duration) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.until = time.Now().Add(d)
-}
+// scheduledMayExist makes the next Maintain look for the scheduled table
+// again: the store has just created the schema or written a delayed event.
+func (s *Store) scheduledMayExist() { s.schedAbsentUntil.Store(0) }

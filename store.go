@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -179,7 +180,7 @@ type Store struct {
 	be       backend.Backend // the table's backend on a database other than PostgreSQL, else nil
 	sched    scheduler       // its delayed messages' statements
 
-	schedAbsent backoffGate // open unless the table was found without its scheduled table lately
+	schedAbsentUntil atomic.Int64 // unix ns: the table had no scheduled table lately; Maintain looks again after it
 
 	q, qo queries // the statements of unordered and of ordered mode
 	tm    tableMode

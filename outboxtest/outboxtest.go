@@ -329,15 +329,7 @@ func query(ctx context.Context, src any, table, q string, args ...any) (rows sca
 // the rows layout: the table itself (rows layout) or its view (log
 // layout), found as the store finds the layout.
 func relation(ctx context.Context, src any, table string, t sqlident.Table) (string, error) {
-	qualified := func(suffix string) string {
-		schema, _, ok := strings.Cut(t.Quoted, ".")
-		name := `"` + t.Name + suffix + `"`
-		if ok {
-			return schema + "." + name
-		}
-		return name
-	}
-	meta, view := qualified("_log"), qualified("_messages")
+	meta, view := beside(t, "_log"), beside(t, "_messages")
 	rows, done, err := query(ctx, src, table, layoutQuery, t.Quoted, meta, view)
 	if err != nil {
 		return "", err
@@ -425,14 +417,21 @@ func readEvents(ctx context.Context, src any, table, q string, delayed bool) ([]
 	return out, nil
 }
 
+// beside names, quoted and in t's schema, the object of t's name with
+// suffix: the tables and view beside an outbox table.
+func beside(t sqlident.Table, suffix string) string {
+	name := `"` + t.Name + suffix + `"`
+	if schema, _, ok := strings.Cut(t.Quoted, "."); ok {
+		return schema + "." + name
+	}
+	return name
+}
+
 // scheduledOf returns the table of t's delayed messages, quoted, and
 // whether it exists (a table of a version before delayed delivery has
 // none), without a statement that can fail.
 func scheduledOf(ctx context.Context, src any, table string, t sqlident.Table) (string, bool, error) {
-	name := `"` + t.Name + `_scheduled"`
-	if schema, _, ok := strings.Cut(t.Quoted, "."); ok {
-		name = schema + "." + name
-	}
+	name := beside(t, "_scheduled")
 	var ok bool
 	if err := queryOne(ctx, src, table, &ok, `SELECT to_regclass($1) IS NOT NULL`, name); err != nil {
 		return "", false, fmt.Errorf("reading %s: %w", table, err)

@@ -48,7 +48,6 @@ func TestRelayPublishesDelayedEventsWhenDue(t *testing.T) {
 			const n = 20
 			ctx := context.Background()
 			notBefore := map[string]time.Time{}
-			var immediate []string
 			for i := range n {
 				tx, err := b.db.BeginTx(ctx, nil)
 				require.NoError(t, err)
@@ -57,16 +56,12 @@ func TestRelayPublishesDelayedEventsWhenDue(t *testing.T) {
 				require.NoError(t, err)
 				require.NoError(t, tx.Commit())
 				notBefore[ids[0]] = at
-				immediate = append(immediate, ids[1])
 			}
 			require.Eventually(t, func() bool { return b.consumer.Distinct() == 2*n }, time.Minute, 10*time.Millisecond)
 			mu.Lock()
 			defer mu.Unlock()
 			for id, at := range notBefore {
 				require.False(t, arrived[id].Before(at), "published %s before its NotBefore", at.Sub(arrived[id]))
-			}
-			for _, id := range immediate {
-				require.Contains(t, arrived, id)
 			}
 			st, err := b.store.Stats(ctx)
 			require.NoError(t, err)

@@ -159,6 +159,7 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 		delayed = b.o.delayed
 	}
 	due := make(map[string]time.Time, delayed)
+	var claimsIdle, claimsWait float64 // the relay's claims a second, with --delayed
 	wait, err := b.consume(ctx, b.o.messages+delayed, func(d *amqp.Delivery) {
 		now := time.Now()
 		key, _ := d.Headers[relay.KeyHeader].(string)
@@ -184,7 +185,7 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 		}
 		defer stop()
 		if delayed > 0 {
-			if l.claimsIdle, l.claimsWait, err = b.writeDelayed(ctx, delayed, due); err != nil {
+			if claimsIdle, claimsWait, err = b.writeDelayed(ctx, delayed, due); err != nil {
 				return l, err
 			}
 		}
@@ -236,17 +237,16 @@ func (b *bencher) latencyRun(ctx context.Context, direct bool) (latencies, error
 	used := readCPU(b.relayPID).sub(cpu).per(b.o.messages) // before the relay's process ends
 	mu.Lock()
 	defer mu.Unlock()
+	var late []time.Duration
 	for key, at := range due {
 		if a, ok := arrived[key]; ok {
-			l.late = append(l.late, a.Sub(at))
+			late = append(late, a.Sub(at))
 		}
-		delete(arrived, key)
+		delete(arrived, key) // measure takes the immediate events only
 	}
-	kept := l // the delayed events' figures
+	slices.Sort(late)
 	l, err = measure(committed, arrived)
-	l.cpu = used
-	slices.Sort(kept.late)
-	l.late, l.claimsIdle, l.claimsWait = kept.late, kept.claimsIdle, kept.claimsWait
+	l.cpu, l.late, l.claimsIdle, l.claimsWait = used, late, claimsIdle, claimsWait
 	return l, err
 }
 

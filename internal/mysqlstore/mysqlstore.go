@@ -48,11 +48,13 @@ type Store struct {
 	quoted  string // `schema`.`name` or `name`
 	keys    string // the keys table, quoted
 	trigger string // the order trigger, quoted
+	sched   string // the table of delayed messages, quoted (scheduled.go)
 	schema  string // "" for the connection's database
 	name    string
 
 	q     queries
-	low   lowMark // where claims read from (low.go)
+	sq    schedQueries // scheduled.go
+	low   lowMark      // where claims read from (low.go)
 	mu    sync.Mutex
 	lists map[string]string // statement texts by kind and list length
 }
@@ -70,9 +72,10 @@ func New(schema, name string) *Store {
 		}
 		return "`" + n + "`"
 	}
-	s := &Store{quoted: qualify(name), keys: qualify(name + "_keys"), trigger: qualify(name + "_order"),
+	s := &Store{quoted: qualify(name), keys: qualify(name + "_keys"), trigger: qualify(name + "_order"), sched: qualify(name + "_scheduled"),
 		schema: schema, name: name, lists: map[string]string{}}
 	s.q = newQueries(s.quoted)
+	s.sq = newSchedQueries(s.sched)
 	return s
 }
 
@@ -226,7 +229,7 @@ func (s *Store) list(kind, text string, n int) string {
 	}
 	q := strings.NewReplacer("{in}", strings.TrimSuffix(strings.Repeat("?,", n), ","),
 		"{rows}", strings.TrimSuffix(strings.Repeat("(?),", n), ","),
-		"{keys}", s.keys).Replace(replace(s.quoted, text))
+		"{keys}", s.keys, "{scheduled}", s.sched).Replace(replace(s.quoted, text))
 	s.lists[key] = q
 	return q
 }

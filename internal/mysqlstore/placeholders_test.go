@@ -37,10 +37,11 @@ func TestStatementsHaveNoPlaceholderLeft(t *testing.T) {
 		}
 	}
 	s := New("billing", "outbox")
-	v := reflect.ValueOf(s.q)
-	for i := range v.NumField() {
-		if q := v.Field(i).String(); q == "" || strings.Contains(q, "{") {
-			t.Errorf("query %s: %q", v.Type().Field(i).Name, q)
+	for _, v := range []reflect.Value{reflect.ValueOf(s.q), reflect.ValueOf(s.sq)} {
+		for i := range v.NumField() {
+			if q := v.Field(i).String(); q == "" || strings.Contains(q, "{") {
+				t.Errorf("query %s: %q", v.Type().Field(i).Name, q)
+			}
 		}
 	}
 	for _, st := range append(append(append(s.SchemaStatements(), s.OrderStatements()...), s.ScheduleStatements()...), s.InsertSQL(3), s.KeyTurnSQL(2), s.ScheduleSQL(2)) {

@@ -15,18 +15,29 @@ import (
 // (the order trigger numbers them on an ordered table). Claims never see a
 // message that is not due.
 
-// scheduled is the table of delayed messages, quoted.
-func (s *Store) scheduled() string {
-	if s.schema != "" {
-		return "`" + s.schema + "`.`" + s.name + "_scheduled`"
+// schedQueries are the statements on the table of delayed messages that
+// take no list of values, built once.
+type schedQueries struct {
+	anyDue, lockDue, count, list string
+}
+
+func newSchedQueries(sched string) schedQueries {
+	return schedQueries{
+		anyDue: `SELECT EXISTS (SELECT 1 FROM ` + sched + ` FORCE INDEX (due_idx) WHERE refused = FALSE AND due <= ` + now + `)`,
+		lockDue: `SELECT seq, id FROM ` + sched + ` FORCE INDEX (due_idx)
+WHERE refused = FALSE AND due <= ` + now + ` ORDER BY due LIMIT ? FOR UPDATE SKIP LOCKED`,
+		count: `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM ` + sched + ` LIMIT ?) AS c),
+	(SELECT TIMESTAMPDIFF(MICROSECOND, ` + now + `, MIN(due)) FROM ` + sched + ` FORCE INDEX (due_idx) WHERE refused = FALSE)`,
+		list: `SELECT seq, id, event_type, event_key, exchange, routing_key, payload, content_type, headers,
+	` + micros("created_at") + `, ` + micros("due") + `, coalesce(last_error, '')
+FROM ` + sched + ` ORDER BY due, seq LIMIT ?`,
 	}
-	return "`" + s.name + "_scheduled`"
 }
 
 // ScheduleStatements implements backend.Backend. Its id key is named as
 // the table's (id_idx), so that a duplicate reads as one (DuplicateID).
 func (s *Store) ScheduleStatements() []string {
-	return []string{strings.NewReplacer("{scheduled}", s.scheduled(), "{marker}", SchemaMarker).Replace(`CREATE TABLE IF NOT EXISTS {scheduled} (
+	return []string{strings.NewReplacer("{scheduled}", s.sched, "{marker}", SchemaMarker).Replace(`CREATE TABLE IF NOT EXISTS {scheduled} (
     seq           BIGINT        NOT NULL AUTO_INCREMENT,
     id            CHAR(36)      CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     event_type    VARCHAR(255)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -50,7 +61,7 @@ func (s *Store) ScheduleStatements() []string {
 
 // ScheduleSQL implements backend.Backend.
 func (s *Store) ScheduleSQL(n int) string {
-	return s.list("schedule", `INSERT INTO `+s.scheduled()+` (id, event_type, event_key, exchange, routing_key, payload, content_type, headers, due) VALUES `+
+	return s.list("schedule", `INSERT INTO {scheduled} (id, event_type, event_key, exchange, routing_key, payload, content_type, headers, due) VALUES `+
 		strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,"+now+" + INTERVAL ? MICROSECOND),", n), ","), n)
 }
 
@@ -60,12 +71,11 @@ func (s *Store) ScheduleSQL(n int) string {
 // another relay moves, and moves them.
 func (s *Store) Promote(ctx context.Context, db *sql.DB, n int, reason string) (moved, refused int64, err error) {
 	var due bool
-	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.scheduled()+` FORCE INDEX (due_idx) WHERE refused = FALSE AND due <= `+now+`)`).Scan(&due); err != nil || !due {
+	if err := db.QueryRowContext(ctx, s.sq.anyDue).Scan(&due); err != nil || !due {
 		return 0, 0, err
 	}
 	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT seq, id FROM `+s.scheduled()+` FORCE INDEX (due_idx)
-WHERE refused = FALSE AND due <= `+now+` ORDER BY due LIMIT ? FOR UPDATE SKIP LOCKED`, n)
+		rows, err := tx.QueryContext(ctx, s.sq.lockDue, n)
 		if err != nil {
 			return err
 		}
@@ -106,7 +116,7 @@ WHERE refused = FALSE AND due <= `+now+` ORDER BY due LIMIT ? FOR UPDATE SKIP LO
 			return err
 		}
 		if len(dup) > 0 {
-			if _, err := tx.ExecContext(ctx, s.list("refuse", `UPDATE `+s.scheduled()+` SET refused = TRUE, last_error = ? WHERE seq IN ({in})`, len(dup)),
+			if _, err := tx.ExecContext(ctx, s.list("refuse", `UPDATE {scheduled} SET refused = TRUE, last_error = ? WHERE seq IN ({in})`, len(dup)),
 				args(dup, reason)...); err != nil {
 				return err
 			}
@@ -117,11 +127,11 @@ WHERE refused = FALSE AND due <= `+now+` ORDER BY due LIMIT ? FOR UPDATE SKIP LO
 		}
 		if len(seqs) > 0 {
 			if _, err := tx.ExecContext(ctx, s.list("promote", `INSERT INTO {table} (id, event_type, event_key, exchange, routing_key, payload, content_type, headers)
-SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, headers FROM `+s.scheduled()+`
+SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, headers FROM {scheduled}
 WHERE seq IN ({in}) ORDER BY event_key, due, seq`, len(seqs)), args(seqs)...); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, s.list("promoted", `DELETE FROM `+s.scheduled()+` WHERE seq IN ({in})`, len(seqs)), args(seqs)...); err != nil {
+			if _, err := tx.ExecContext(ctx, s.list("promoted", `DELETE FROM {scheduled} WHERE seq IN ({in})`, len(seqs)), args(seqs)...); err != nil {
 				return err
 			}
 		}
@@ -140,8 +150,7 @@ func (s *Store) Scheduled(ctx context.Context, db *sql.DB, limit int64) (int64, 
 		n    int64
 		next sql.NullInt64
 	)
-	err := db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+s.scheduled()+` LIMIT ?) AS c),
-	(SELECT TIMESTAMPDIFF(MICROSECOND, `+now+`, MIN(due)) FROM `+s.scheduled()+` FORCE INDEX (due_idx) WHERE refused = FALSE)`, limit).Scan(&n, &next)
+	err := db.QueryRowContext(ctx, s.sq.count, limit).Scan(&n, &next)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -150,9 +159,7 @@ func (s *Store) Scheduled(ctx context.Context, db *sql.DB, limit int64) (int64, 
 
 // ListScheduled implements backend.Backend.
 func (s *Store) ListScheduled(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
-	rows, err := db.QueryContext(ctx, `SELECT seq, id, event_type, event_key, exchange, routing_key, payload, content_type, headers,
-	`+micros("created_at")+`, `+micros("due")+`, coalesce(last_error, '')
-FROM `+s.scheduled()+` ORDER BY due, seq LIMIT ?`, limit)
+	rows, err := db.QueryContext(ctx, s.sq.list, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -176,9 +183,9 @@ FROM `+s.scheduled()+` ORDER BY due, seq LIMIT ?`, limit)
 
 // ChangeScheduled implements backend.Backend.
 func (s *Store) ChangeScheduled(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
-	kind, text := "publish-now", `UPDATE `+s.scheduled()+` FORCE INDEX (id_idx) SET due = `+now+`, refused = FALSE, last_error = NULL WHERE id IN ({in})`
+	kind, text := "publish-now", `UPDATE {scheduled} FORCE INDEX (id_idx) SET due = `+now+`, refused = FALSE, last_error = NULL WHERE id IN ({in})`
 	if discard {
-		kind, text = "discard-scheduled", `DELETE FROM `+s.scheduled()+` WHERE id IN ({in})`
+		kind, text = "discard-scheduled", `DELETE FROM {scheduled} WHERE id IN ({in})`
 	}
 	var total int64
 	for start := 0; start < len(ids); start += idsChunk {
