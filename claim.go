@@ -307,8 +307,9 @@ func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason 
 // table's partitions every second. Each call does only what is due and
 // returns at once when nothing is. On every table it moves the delayed
 // messages that are due (Event.NotBefore) into the table, up to 5,000 a
-// call, and wakes this process's relays when it moved some: only Maintain
-// does, so a claim loop of your own must call it for them to go out. On a
+// call, and wakes this process's relays when it moved some, unless
+// something calls MoveDue (a relay does); only these two move them, so a
+// claim loop of your own must call one of them for them to go out. On a
 // table of LayoutRows it does nothing more on PostgreSQL; on MySQL it
 // looks for messages ready again below where claims read from (a lease
 // that ran out, a release by another process), once a second at most, and
@@ -327,7 +328,7 @@ func (s *Store) Maintain(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.promoteDue(ctx, db); err != nil {
+	if err := s.moveDueIfNoMover(ctx, db); err != nil {
 		return err
 	}
 	return ops.maintain(ctx, db)

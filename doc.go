@@ -35,8 +35,9 @@
 //
 // An event with [Event.NotBefore] later than now is delayed: it commits
 // with the transaction, waits beside the table (in <table>_scheduled)
-// where no claim sees it, and [Store.Maintain], which a relay calls every
-// 100ms, moves it into the table once it is due, as if written then. It
+// where no claim sees it, and [Store.MoveDue], which a relay calls when
+// the next is due and at least every second, moves it into the table once
+// it is due, as if written then. It
 // is never claimed before NotBefore; operators see it ([Stats.Scheduled],
 // [Store.Scheduled]) and can publish it now or discard it
 // ([Store.PublishNow], [Store.DiscardScheduled]).

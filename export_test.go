@@ -86,3 +86,8 @@ func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) 
 // RotateLog rotates the batch and settle tables of the log store of s now,
 // as Maintain does every second.
 func RotateLog(ctx context.Context, s *Store) error { return s.log.rotate(ctx, s.db) }
+
+// SetDueLook sets the longest s's MoveDue waits before it looks at the
+// scheduled table again (a second), so that a test can tell the wait for
+// a known due time from that bound.
+func SetDueLook(s *Store, d time.Duration) { s.dueLook = d }

@@ -29,12 +29,17 @@ import (
 // INSERT, then its delay in microseconds from the database's now.
 const scheduleColumns = insertColumns + 1
 
-// promoteBatch is how many due messages one statement moves; Maintain
-// moves up to promoteRounds of those a call.
+// promoteBatch is how many due messages one statement moves; a call of
+// MoveDue moves up to promoteRounds of those.
 const (
 	promoteBatch  = 1000
 	promoteRounds = 5
 )
+
+// dueLook is the longest a store goes without looking at its scheduled
+// table: another process may have written a message due sooner than the
+// next it knows of.
+const dueLook = time.Second
 
 // scheduleRecheck is how long a store that found no scheduled table (one
 // created by a version before delayed delivery) waits to look again.
@@ -81,7 +86,9 @@ func (t table) dropScheduledSQL() string {
 // pgPromoteSQL moves up to $1 due messages into the table, each of its
 // keys' messages in the order they fell due, keys in sorted order (the
 // order a writer in ordered mode takes their turns in), and sets aside
-// those whose ID is in the table already. It returns how many of each.
+// those whose ID is in the table already. It returns how many of each,
+// and how far from now the next of the others is due, in microseconds
+// (NULL: none; the first entry of the due index past those it moved).
 const pgPromoteSQL = `WITH due AS (
     SELECT s.id FROM {scheduled} AS s
     WHERE s.due <= now() AND s.last_error IS NULL
@@ -100,7 +107,9 @@ const pgPromoteSQL = `WITH due AS (
     FROM due WHERE s.id = due.id AND EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM refused)`
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM refused),
+    (SELECT floor(extract(epoch FROM s.due - now()) * 1000000)::bigint FROM {scheduled} AS s
+     WHERE s.last_error IS NULL AND s.id NOT IN (SELECT id FROM due) ORDER BY s.due LIMIT 1)`
 
 // pgScheduledCountSQL counts the delayed messages (up to $1; those that
 // could not be moved too) and says how far from now the next is due, in
@@ -113,8 +122,9 @@ const pgScheduledCountSQL = `SELECT (SELECT count(*) FROM (SELECT 1 FROM {schedu
 type scheduler interface {
 	// scheduleSQL writes n delayed rows (scheduleColumns each).
 	scheduleSQL(n int) string
-	// promote moves up to n due messages into the table.
-	promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, err error)
+	// promote moves up to n due messages into the table, and says how
+	// far ahead the next is due (backend.NoneDue: none; 0: perhaps now).
+	promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, next time.Duration, err error)
 	// scheduled counts the delayed messages, up to limit, and how far
 	// ahead the next is due (ok false: none).
 	scheduled(ctx context.Context, db *sql.DB, limit int64) (n int64, next time.Duration, ok bool, err error)
@@ -165,9 +175,16 @@ func (p *pgScheduler) scheduleSQL(n int) string {
 	return p.sqls[n]
 }
 
-func (p *pgScheduler) promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, err error) {
-	err = db.QueryRowContext(ctx, p.promoteQ, n, refusedReason).Scan(&moved, &refused)
-	return moved, refused, err
+func (p *pgScheduler) promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, next time.Duration, err error) {
+	var until sql.NullInt64
+	if err = db.QueryRowContext(ctx, p.promoteQ, n, refusedReason).Scan(&moved, &refused, &until); err != nil {
+		return 0, 0, 0, err
+	}
+	next = backend.NoneDue
+	if until.Valid {
+		next = max(time.Duration(until.Int64)*time.Microsecond, 0)
+	}
+	return moved, refused, next, nil
 }
 
 func (p *pgScheduler) scheduled(ctx context.Context, db *sql.DB, limit int64) (int64, time.Duration, bool, error) {
@@ -186,7 +203,7 @@ type backendScheduler struct{ be backend.Backend }
 
 func (b backendScheduler) scheduleSQL(n int) string { return b.be.ScheduleSQL(n) }
 
-func (b backendScheduler) promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, err error) {
+func (b backendScheduler) promote(ctx context.Context, db *sql.DB, n int) (moved, refused int64, next time.Duration, err error) {
 	return b.be.Promote(ctx, db, n, refusedReason)
 }
 
@@ -260,9 +277,9 @@ func (s *Store) Scheduled(ctx context.Context, limit int) ([]Message, error) {
 	return fromRows(rows, false), nil
 }
 
-// PublishNow makes the delayed messages among ids due now: the next
-// Maintain (a relay's, within 100ms) moves them into the table, and they
-// go out. One Maintain could not move is tried again. Ids that are not
+// PublishNow makes the delayed messages among ids due now: a relay moves
+// them into the table within a second (at once when it runs with this
+// Store), and they go out. One Maintain could not move is tried again. Ids that are not
 // delayed messages are ignored. It returns how many it made due.
 func (s *Store) PublishNow(ctx context.Context, ids ...string) (int64, error) {
 	return s.changeScheduled(ctx, "PublishNow", "making delayed messages due", false, ids)
@@ -296,42 +313,83 @@ func (s *Store) changeScheduled(ctx context.Context, op, what string, discard bo
 		return n, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
 	}
 	if n > 0 && !discard {
-		s.Notify()
+		s.scheduledMayExist()
 	}
 	return n, nil
 }
 
-// promoteDue moves the messages that are due into the table (Maintain),
-// and wakes the relays of this process when it moved some. A table without
-// a scheduled table (created before delayed delivery) has none: it looks
-// again a minute later.
-func (s *Store) promoteDue(ctx context.Context, db *sql.DB) error {
-	if time.Now().UnixNano() < s.schedAbsentUntil.Load() {
-		return nil
+// MoveDue moves the delayed messages that have fallen due (Event.NotBefore)
+// into the table, as a writer would write them at that moment, and wakes
+// this process's relays when it moved some. It returns how long until it
+// should be called again: until the next delayed message is due, and at
+// most a second, since another process may write one due sooner. A call
+// before then returns at once without a statement. While something calls
+// it, Maintain leaves this work to it.
+//
+// A relay calls it on that clock from a goroutine of its own: a delayed
+// message goes out within about a second of its due time, and within the
+// relay's usual latency when it was known, or written by this process,
+// before then. It never goes out before.
+func (s *Store) MoveDue(ctx context.Context) (time.Duration, error) {
+	db, err := s.pool()
+	if err != nil {
+		return 0, err
 	}
-	var moved int64
+	s.moverAt.Store(time.Now().UnixNano())
+	return s.moveDue(ctx, db, false)
+}
+
+// moveDue is MoveDue on db. s.lookAt gates it unless always: before that
+// time no delayed message is known to be due, and it returns without a
+// statement.
+func (s *Store) moveDue(ctx context.Context, db *sql.DB, always bool) (time.Duration, error) {
+	if wait := time.Until(time.Unix(0, s.schedAbsentUntil.Load())); wait > 0 {
+		return min(wait, s.dueLook), nil
+	}
+	if wait := time.Until(time.Unix(0, s.lookAt.Load())); wait > 0 && !always {
+		return min(wait, s.dueLook), nil
+	}
+	var (
+		moved int64
+		next  time.Duration
+	)
 	for range promoteRounds {
-		m, refused, err := s.sched.promote(ctx, db, promoteBatch)
+		m, refused, until, err := s.sched.promote(ctx, db, promoteBatch)
 		if dberr.Classify(err) == dberr.NoTable {
 			s.schedAbsentUntil.Store(time.Now().Add(scheduleRecheck).UnixNano())
-			return nil
+			return s.dueLook, nil
 		}
 		if err != nil {
-			return fmt.Errorf("outbox: moving the due delayed messages into %s: %w", s.t.full, err)
+			return 0, fmt.Errorf("outbox: moving the due delayed messages into %s: %w", s.t.full, err)
 		}
 		if refused > 0 {
 			s.logger.WarnContext(ctx, "outbox: delayed messages not moved into the table when due: their IDs were written there meanwhile; they stay in the scheduled table",
 				slog.String("table", s.t.full), slog.Int64("count", refused))
 		}
-		moved += m
+		moved, next = moved+m, until
 		if m+refused < promoteBatch {
 			break
 		}
+		next = 0 // a full batch: more may be due
 	}
 	if moved > 0 {
 		s.Notify()
 	}
-	return nil
+	next = min(next, s.dueLook)
+	s.lookAt.Store(time.Now().Add(next).UnixNano())
+	return next, nil
+}
+
+// moveDueIfNoMover is Maintain's part: MoveDue's work, unless something
+// calls MoveDue. It looks whatever MoveDue last learnt, so that a delayed
+// message made due by other means (outboxtest.MakeDue, another process)
+// is moved by the next call.
+func (s *Store) moveDueIfNoMover(ctx context.Context, db *sql.DB) error {
+	if time.Since(time.Unix(0, s.moverAt.Load())) < 3*s.dueLook { // a mover would have called again
+		return nil
+	}
+	_, err := s.moveDue(ctx, db, true)
+	return err
 }
 
 // scheduledCounts reads Stats' and Gauges' Scheduled and NextDue; a table
@@ -349,6 +407,10 @@ func (s *Store) scheduledCounts(ctx context.Context, db *sql.DB, limit int64) (n
 	return n, next, nil
 }
 
-// scheduledMayExist makes the next Maintain look for the scheduled table
-// again: the store has just created the schema or written a delayed event.
-func (s *Store) scheduledMayExist() { s.schedAbsentUntil.Store(0) }
+// scheduledMayExist makes the next MoveDue look at the scheduled table
+// again: the store has just created the schema, written a delayed event or
+// made one due.
+func (s *Store) scheduledMayExist() {
+	s.schedAbsentUntil.Store(0)
+	s.lookAt.Store(0)
+}

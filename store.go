@@ -180,7 +180,10 @@ type Store struct {
 	be       backend.Backend // the table's backend on a database other than PostgreSQL, else nil
 	sched    scheduler       // its delayed messages' statements
 
-	schedAbsentUntil atomic.Int64 // unix ns: the table had no scheduled table lately; Maintain looks again after it
+	schedAbsentUntil atomic.Int64  // unix ns: the table had no scheduled table lately; MoveDue and Maintain look again after it
+	lookAt           atomic.Int64  // unix ns: no delayed message is known to be due before it (MoveDue)
+	moverAt          atomic.Int64  // unix ns: the last call of MoveDue
+	dueLook          time.Duration // the longest MoveDue waits to look again (dueLook; tests lengthen it)
 
 	q, qo queries // the statements of unordered and of ordered mode
 	tm    tableMode
@@ -240,6 +243,7 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		router:        cfg.Router,
 		ordering:      cfg.Ordering,
 		newID:         uuid.NewV7,
+		dueLook:       dueLook,
 		database:      database,
 		be:            newBackend(database, t),
 		q:             newQueries(t, false),

@@ -218,7 +218,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.log.WarnContext(ctx, "inbox: Consumer lost the broker; reconnecting", slog.String("queue", c.cfg.Queue),
 			slog.String("error", msg), slog.Duration("retry_in", wait))
-		sleep(ctx, wait)
+		periodic.Sleep(ctx, wait)
 		if err == nil { // a session that ran for a while resets the backoff
 			failures = 0
 		}
@@ -298,7 +298,7 @@ func (c *Consumer) deliver(ctx, held context.Context, wg *sync.WaitGroup, d amqp
 		c.logRepeated(ctx, slog.LevelWarn, "requeued", "inbox: Delivery requeued without counting an attempt; backing off",
 			slog.String("message_id", storable(d.MessageId)), slog.String("error", r.err.Error()),
 			slog.String("advice", advice(r.err)), slog.Duration("retry_in", wait))
-		sleep(ctx, wait)
+		periodic.Sleep(ctx, wait)
 		c.settle(ctx, &d, r.outcome)
 		return dbFailures
 	case Retried: // the message's fault: hold it, let others pass
@@ -309,7 +309,7 @@ func (c *Consumer) deliver(ctx, held context.Context, wg *sync.WaitGroup, d amqp
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if sleep(held, wait) {
+			if periodic.Sleep(held, wait) {
 				c.settle(ctx, &d, Retried)
 			}
 		}()
@@ -374,16 +374,4 @@ func (c *Consumer) logRepeated(ctx context.Context, level slog.Level, kind, msg 
 		attrs = append(attrs, slog.Int("repeated_since_last_line", repeated))
 	}
 	c.log.LogAttrs(ctx, level, msg, attrs...)
-}
-
-// sleep waits d, or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -457,8 +457,8 @@ func queryOne(ctx context.Context, src any, table string, dest any, q string, ar
 }
 
 // MakeDue makes the delayed events of table that are due within d due now,
-// as if d had passed: the next Store.Maintain (a relay's, or Drain's)
-// moves them into the table, and a test of what happens
+// as if d had passed: the next Drain (or Store.Maintain) moves them into
+// the table, a relay's Store.MoveDue within a second, and a test of what happens
 // "tomorrow" needs no sleep. src must be able to write (a *sql.DB, *sql.Tx
 // or pgx connection); it returns how many it made due.
 func MakeDue(ctx context.Context, src any, table string, d time.Duration) (int64, error) {

@@ -106,10 +106,16 @@
 //     and rotates the partitions, so that no claim waits for that work (a
 //     few milliseconds every 250ms, 5 to 30 every second; the claimer is
 //     serial, and every message committed meanwhile waited too). The
-//     claims take what its looks found. On every table it moves the
-//     delayed messages that have fallen due (outbox.Event.NotBefore) into
-//     the table, which wakes the claimer: a delayed message goes out
-//     within about 100ms of its due time, and never before.
+//     claims take what its looks found.
+//   - Another goroutine moves the delayed messages that have fallen due
+//     (outbox.Event.NotBefore) into the table, which wakes the claimer:
+//     it calls Store.MoveDue when the next is due, at least every second
+//     (another process may write one due sooner) and at most every 20ms
+//     (while messages fall due without a break, each move is a short
+//     statement of what fell due since the last, not a long one that
+//     holds back the claims). A delayed message goes out about when it is
+//     due, within a second when another process wrote it due sooner than
+//     any known, and never before.
 //
 // A claim is bounded by a third of Config.Lease, and a shutdown does not
 // cut it short: a claim cancelled mid-statement may have committed all the

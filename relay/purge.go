@@ -50,12 +50,46 @@ func (r *Relay) maintain(ctx context.Context) error {
 		} else {
 			failures = 0
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !periodic.Sleep(ctx, wait) {
 			return nil
-		case <-t.C:
+		}
+	}
+}
+
+// dueMover is a Store that moves its delayed messages into the table when
+// they fall due on a clock of its own (*outbox.Store): MoveDue says when
+// to call it again. A Store without it has Maintain move them.
+type dueMover interface {
+	MoveDue(ctx context.Context) (time.Duration, error)
+}
+
+// moveGap is the least time between two calls of MoveDue: while delayed
+// messages fall due without a break, each call moves what fell due in the
+// last moveGap, in one short statement, rather than the few thousand of a
+// longer wait in one long one that holds back the claims behind it.
+const moveGap = 20 * time.Millisecond
+
+// moveDue calls MoveDue when it says (never sooner than moveGap apart),
+// and after a failure again after the relay's backoff. It returns nil when
+// ctx ends, or an error nothing can repair (see fatal), which stops Run.
+func (r *Relay) moveDue(ctx context.Context, m dueMover) error {
+	failures := 0
+	for {
+		wait, err := m.MoveDue(ctx)
+		switch {
+		case fatal(err):
+			return err
+		case err != nil && ctx.Err() == nil:
+			failures++
+			wait = r.backoff(failures)
+			r.logger.WarnContext(ctx, "relay: Moving the due delayed messages into the table failed",
+				slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		default:
+			failures = 0
+			wait = max(wait, moveGap)
+		}
+		if !periodic.Sleep(ctx, wait) {
+			return nil
 		}
 	}
 }

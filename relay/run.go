@@ -94,6 +94,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	// The storage's upkeep (looks for work to take over, rotation), so
 	// that no claim waits for it.
 	run(r.maintain)
+	// Delayed messages are moved into the table as they fall due, on the
+	// clock the store gives (see dueMover).
+	if m, ok := r.store.(dueMover); ok {
+		run(func(ctx context.Context) error { return r.moveDue(ctx, m) })
+	}
 	// Ordered mode reconciles held messages every second; unordered mode
 	// holds nothing, and brings back, once, what ordered mode held before
 	// the table changed modes (the claimer does it again when the table

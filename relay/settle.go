@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/periodic"
 )
 
 // release gives msgs back without an attempt and returns the error of the
@@ -54,12 +55,8 @@ func (r *Relay) retrying(ctx context.Context, until time.Time, what string, op f
 		}
 		r.logger.WarnContext(ctx, "relay: Settling failed; retrying on another connection",
 			slog.String("operation", what), slog.Int("attempt", attempt), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !periodic.Sleep(ctx, delay) {
 			return err
-		case <-t.C:
 		}
 		delay = min(2*delay, settleRetryMax)
 	}

@@ -17,6 +17,7 @@ package backend
 import (
 	"context"
 	"database/sql"
+	"math"
 	"time"
 )
 
@@ -144,8 +145,10 @@ type Backend interface {
 	// as a writer would write them then: each key's in the order they fell
 	// due, the keys in sorted order. A due message whose ID is in the
 	// table already stays, with reason as its last error. It returns how
-	// many it moved and how many it left so.
-	Promote(ctx context.Context, db *sql.DB, n int, reason string) (moved, refused int64, err error)
+	// many it moved, how many it left so, and how far from now the next
+	// of the others is due: NoneDue when there is none, 0 when one may be
+	// due already or it cannot say without another statement.
+	Promote(ctx context.Context, db *sql.DB, n int, reason string) (moved, refused int64, next time.Duration, err error)
 	// Scheduled counts the delayed messages (up to limit), those it could
 	// not move too, and how far from now the next of the others is due
 	// (ok false: none).
@@ -158,3 +161,7 @@ type Backend interface {
 	// returns how many it changed.
 	ChangeScheduled(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
 }
+
+// NoneDue is what Promote returns as the next due time when no delayed
+// message waits.
+const NoneDue = time.Duration(math.MaxInt64)

@@ -18,12 +18,12 @@ import (
 // schedQueries are the statements on the table of delayed messages that
 // take no list of values, built once.
 type schedQueries struct {
-	anyDue, lockDue, count, list string
+	nextDue, lockDue, count, list string
 }
 
 func newSchedQueries(sched string) schedQueries {
 	return schedQueries{
-		anyDue: `SELECT EXISTS (SELECT 1 FROM ` + sched + ` FORCE INDEX (due_idx) WHERE refused = FALSE AND due <= ` + now + `)`,
+		nextDue: `SELECT TIMESTAMPDIFF(MICROSECOND, ` + now + `, MIN(due)) FROM ` + sched + ` FORCE INDEX (due_idx) WHERE refused = FALSE`,
 		lockDue: `SELECT seq, id FROM ` + sched + ` FORCE INDEX (due_idx)
 WHERE refused = FALSE AND due <= ` + now + ` ORDER BY due LIMIT ? FOR UPDATE SKIP LOCKED`,
 		count: `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM ` + sched + ` LIMIT ?) AS c),
@@ -65,14 +65,14 @@ func (s *Store) ScheduleSQL(n int) string {
 		strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,"+now+" + INTERVAL ? MICROSECOND),", n), ","), n)
 }
 
-// Promote implements backend.Backend: a look without locks first (what a
-// relay does every 100ms while nothing is due), then one transaction at
-// READ COMMITTED (no gap locks) that locks the due rows, skipping those
-// another relay moves, and moves them.
-func (s *Store) Promote(ctx context.Context, db *sql.DB, n int, reason string) (moved, refused int64, err error) {
-	var due bool
-	if err := db.QueryRowContext(ctx, s.sq.anyDue).Scan(&due); err != nil || !due {
-		return 0, 0, err
+// Promote implements backend.Backend: a look without locks first at when
+// the next is due (the first entry of due_idx), then, if one is, one
+// transaction at READ COMMITTED (no gap locks) that locks the due rows,
+// skipping those another relay moves, and moves them; having moved fewer
+// than n, it looks again.
+func (s *Store) Promote(ctx context.Context, db *sql.DB, n int, reason string) (moved, refused int64, next time.Duration, err error) {
+	if next, err := s.nextDue(ctx, db); err != nil || next > 0 {
+		return 0, 0, next, err
 	}
 	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, s.sq.lockDue, n)
@@ -139,9 +139,26 @@ WHERE seq IN ({in}) ORDER BY event_key, due, seq`, len(seqs)), args(seqs)...); e
 		return nil
 	})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return moved, refused, nil
+	if moved+refused == int64(n) {
+		return moved, refused, 0, nil
+	}
+	next, err = s.nextDue(ctx, db)
+	return moved, refused, max(next, 0), err
+}
+
+// nextDue says how far from now the next delayed message is due (0 or
+// less: due; backend.NoneDue: none).
+func (s *Store) nextDue(ctx context.Context, db *sql.DB) (time.Duration, error) {
+	var until sql.NullInt64
+	if err := db.QueryRowContext(ctx, s.sq.nextDue).Scan(&until); err != nil {
+		return 0, err
+	}
+	if !until.Valid {
+		return backend.NoneDue, nil
+	}
+	return time.Duration(until.Int64) * time.Microsecond, nil
 }
 
 // Scheduled implements backend.Backend.

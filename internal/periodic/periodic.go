@@ -20,3 +20,15 @@ func Run(ctx context.Context, interval time.Duration, f func(context.Context)) {
 		}
 	}
 }
+
+// Sleep waits d, or until ctx ends; it reports whether d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
