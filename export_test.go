@@ -87,7 +87,8 @@ func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) 
 // as Maintain does every second.
 func RotateLog(ctx context.Context, s *Store) error { return s.log.rotate(ctx, s.db) }
 
-// SetDueLook sets the longest s's MoveDue waits before it looks at the
-// scheduled table again (a second), so that a test can tell the wait for
-// a known due time from that bound.
+// SetDueLook sets how long after a look s's MoveDue looks at the
+// scheduled table again before the next due time it knows of (a second),
+// so that a test can tell a look that a due time makes from one that time
+// makes.
 func SetDueLook(s *Store, d time.Duration) { s.dueLook = d }

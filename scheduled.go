@@ -36,9 +36,9 @@ const (
 	promoteRounds = 5
 )
 
-// dueLook is the longest a store goes without looking at its scheduled
-// table: another process may have written a message due sooner than the
-// next it knows of.
+// dueLook is how long after a look at its scheduled table MoveDue looks
+// again, even before the next due time it knows of: another process may
+// have written a message due sooner.
 const dueLook = time.Second
 
 // scheduleRecheck is how long a store that found no scheduled table (one
@@ -320,34 +320,30 @@ func (s *Store) changeScheduled(ctx context.Context, op, what string, discard bo
 
 // MoveDue moves the delayed messages that have fallen due (Event.NotBefore)
 // into the table, as a writer would write them at that moment, and wakes
-// this process's relays when it moved some. It returns how long until it
-// should be called again: until the next delayed message is due, and at
-// most a second, since another process may write one due sooner. A call
-// before then returns at once without a statement. While something calls
-// it, Maintain leaves this work to it.
+// this process's relays when it moved some. It returns when the next
+// delayed message it knows of is due (zero: none): call it again then,
+// and every second or so besides, since another process may write one due
+// sooner. A call less than a second after the last one that looked, and
+// before that due time, returns at once without a statement. While
+// something calls it, Maintain leaves this work to it.
 //
-// A relay calls it on that clock from a goroutine of its own: a delayed
-// message goes out within about a second of its due time, and within the
-// relay's usual latency when it was known, or written by this process,
-// before then. It never goes out before.
-func (s *Store) MoveDue(ctx context.Context) (time.Duration, error) {
+// A relay calls it from a goroutine of its own: a delayed message goes out
+// about when it is due, within about a second of it when another process
+// wrote it due sooner than any the relay knew of, and never before.
+func (s *Store) MoveDue(ctx context.Context) (time.Time, error) {
 	db, err := s.pool()
 	if err != nil {
-		return 0, err
+		return time.Time{}, err
 	}
 	s.moverAt.Store(time.Now().UnixNano())
 	return s.moveDue(ctx, db, false)
 }
 
-// moveDue is MoveDue on db. s.lookAt gates it unless always: before that
-// time no delayed message is known to be due, and it returns without a
-// statement.
-func (s *Store) moveDue(ctx context.Context, db *sql.DB, always bool) (time.Duration, error) {
-	if wait := time.Until(time.Unix(0, s.schedAbsentUntil.Load())); wait > 0 {
-		return min(wait, s.dueLook), nil
-	}
-	if wait := time.Until(time.Unix(0, s.lookAt.Load())); wait > 0 && !always {
-		return min(wait, s.dueLook), nil
+// moveDue is MoveDue on db; unless always, s.lookAt gates it.
+func (s *Store) moveDue(ctx context.Context, db *sql.DB, always bool) (time.Time, error) {
+	now := time.Now()
+	if now.UnixNano() < s.schedAbsentUntil.Load() || (now.UnixNano() < s.lookAt.Load() && !always) {
+		return unixTime(s.nextDueAt.Load()), nil
 	}
 	var (
 		moved int64
@@ -357,10 +353,10 @@ func (s *Store) moveDue(ctx context.Context, db *sql.DB, always bool) (time.Dura
 		m, refused, until, err := s.sched.promote(ctx, db, promoteBatch)
 		if dberr.Classify(err) == dberr.NoTable {
 			s.schedAbsentUntil.Store(time.Now().Add(scheduleRecheck).UnixNano())
-			return s.dueLook, nil
+			return time.Time{}, nil
 		}
 		if err != nil {
-			return 0, fmt.Errorf("outbox: moving the due delayed messages into %s: %w", s.t.full, err)
+			return time.Time{}, fmt.Errorf("outbox: moving the due delayed messages into %s: %w", s.t.full, err)
 		}
 		if refused > 0 {
 			s.logger.WarnContext(ctx, "outbox: delayed messages not moved into the table when due: their IDs were written there meanwhile; they stay in the scheduled table",
@@ -375,17 +371,34 @@ func (s *Store) moveDue(ctx context.Context, db *sql.DB, always bool) (time.Dura
 	if moved > 0 {
 		s.Notify()
 	}
-	next = min(next, s.dueLook)
-	s.lookAt.Store(time.Now().Add(next).UnixNano())
-	return next, nil
+	now = time.Now()
+	var due int64 // unix ns; 0: none known
+	if next != backend.NoneDue {
+		due = now.Add(next).UnixNano()
+	}
+	s.nextDueAt.Store(due)
+	s.lookAt.Store(now.Add(min(next, s.dueLook)).UnixNano())
+	return unixTime(due), nil
 }
+
+// unixTime is the time of ns nanoseconds since the epoch; zero for 0.
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// moverIdle is how long after the last call of MoveDue Maintain takes its
+// work over.
+const moverIdle = time.Minute
 
 // moveDueIfNoMover is Maintain's part: MoveDue's work, unless something
 // calls MoveDue. It looks whatever MoveDue last learnt, so that a delayed
 // message made due by other means (outboxtest.MakeDue, another process)
 // is moved by the next call.
 func (s *Store) moveDueIfNoMover(ctx context.Context, db *sql.DB) error {
-	if time.Since(time.Unix(0, s.moverAt.Load())) < 3*s.dueLook { // a mover would have called again
+	if time.Since(time.Unix(0, s.moverAt.Load())) < moverIdle {
 		return nil
 	}
 	_, err := s.moveDue(ctx, db, true)

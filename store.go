@@ -181,9 +181,10 @@ type Store struct {
 	sched    scheduler       // its delayed messages' statements
 
 	schedAbsentUntil atomic.Int64  // unix ns: the table had no scheduled table lately; MoveDue and Maintain look again after it
-	lookAt           atomic.Int64  // unix ns: no delayed message is known to be due before it (MoveDue)
+	lookAt           atomic.Int64  // unix ns: MoveDue makes no statement before it
+	nextDueAt        atomic.Int64  // unix ns: when the next delayed message MoveDue knows of is due; 0: none
 	moverAt          atomic.Int64  // unix ns: the last call of MoveDue
-	dueLook          time.Duration // the longest MoveDue waits to look again (dueLook; tests lengthen it)
+	dueLook          time.Duration // MoveDue looks again this long after a look (dueLook; tests lengthen it)
 
 	q, qo queries // the statements of unordered and of ordered mode
 	tm    tableMode

@@ -103,6 +103,13 @@ type AMQPConfig struct {
 	// UnroutableAlternate. Required then, and only then.
 	AlternateExchange string
 
+	// MaxConnections bounds the connections the publisher opens, one for
+	// each publish running at once: past it, a publish waits for a free
+	// one (its batch's lease runs meanwhile). The tables of a Group share
+	// them. Defaults to 0: as many as publishes run at once (a relay's
+	// Config.MaxInFlight; a group's, that many for each busy table).
+	MaxConnections int
+
 	// URLs are the nodes of a cluster. They are tried in turn when the
 	// publisher (re)connects, starting with the node after the one it was
 	// last connected to, so that a node that just failed (or hangs
@@ -143,6 +150,7 @@ type AMQPPublisher struct {
 	closed  atomic.Bool
 	lanesMu sync.Mutex
 	lanes   []*amqpLane
+	conns   chan struct{} // a token for each publish running, when AMQPConfig.MaxConnections bounds them
 }
 
 // amqpLane is one connection of an AMQPPublisher with its confirm-mode
@@ -180,6 +188,9 @@ func NewAMQPPublisher(cfg *AMQPConfig) (*AMQPPublisher, error) {
 	if cfg.MaxMessageSize < 0 {
 		return nil, fmt.Errorf("relay: AMQPConfig.MaxMessageSize must not be negative (got %d)", cfg.MaxMessageSize)
 	}
+	if cfg.MaxConnections < 0 {
+		return nil, fmt.Errorf("relay: AMQPConfig.MaxConnections must not be negative (got %d)", cfg.MaxConnections)
+	}
 	if cfg.DialTimeout < 0 {
 		return nil, fmt.Errorf("relay: AMQPConfig.DialTimeout must not be negative (got %s)", cfg.DialTimeout)
 	}
@@ -204,6 +215,9 @@ func NewAMQPPublisher(cfg *AMQPConfig) (*AMQPPublisher, error) {
 	}
 	p := &AMQPPublisher{dialer: dialer, logger: cmp.Or(cfg.Logger, slog.Default()), unroutable: cfg.Unroutable, alternate: cfg.AlternateExchange, topology: cfg.Topology,
 		unroutableLog: throttle.Throttle{Every: unroutableLogEvery}}
+	if cfg.MaxConnections > 0 {
+		p.conns = make(chan struct{}, cfg.MaxConnections)
+	}
 	p.configuredSize = int64(cmp.Or(cfg.MaxMessageSize, MaxMessageSizeDefault))
 	p.maxMessageSize.Store(p.configuredSize)
 	return p, nil
@@ -240,6 +254,17 @@ func (p *AMQPPublisher) PublishConfirming(ctx context.Context, msgs []outbox.Mes
 			errs = append(errs, brokerFault(m.ID, ClassClosed, "the publisher is nil", ErrPublisherClosed))
 		}
 		return errs
+	}
+	if p.conns != nil {
+		select {
+		case p.conns <- struct{}{}:
+			defer func() { <-p.conns }()
+		case <-ctx.Done():
+			for _, m := range msgs {
+				errs = append(errs, brokerFault(m.ID, ClassTimeout, "no free connection (AMQPConfig.MaxConnections) in time", ctx.Err()))
+			}
+			return errs
+		}
 	}
 	l := p.lane()
 	defer l.mu.Unlock()
@@ -296,8 +321,8 @@ func (p *AMQPPublisher) probe(ctx context.Context) error {
 	if p.closed.Load() {
 		return ErrPublisherClosed
 	}
-	if connected, _ := p.lanesConnected(); connected {
-		return nil
+	if connected, busy := p.lanesConnected(); connected || busy && p.conns != nil && len(p.conns) == cap(p.conns) {
+		return nil // every connection it may open is publishing: their outcomes tell
 	}
 	l := p.lane()
 	defer l.mu.Unlock()

@@ -81,6 +81,7 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 	case b != nil:
 		p.work <- b
 		c.idle = 0
+		r.quiet.Store(false)
 		if len(b.msgs) >= r.cfg.BatchSize/2 {
 			return 0, false, nil // there may be more: claim again at once while a publisher is free
 		}
@@ -98,7 +99,11 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 		return r.pollFirst, false, nil
 	default:
 		c.failures = 0
-		wait := min(r.cfg.PollInterval, r.pollFirst<<min(c.idle, 30))
+		wait := r.pollFirst << min(c.idle, 30)
+		if wait >= r.cfg.PollInterval {
+			r.quiet.Store(true)
+			wait = min(wait, r.idleWait(r.cfg.PollInterval))
+		}
 		c.idle++
 		return wait, false, nil
 	}

@@ -39,7 +39,7 @@ const maintainEvery = 100 * time.Millisecond
 func (r *Relay) maintain(ctx context.Context) error {
 	failures := 0
 	for {
-		wait := maintainEvery
+		wait := r.idleWait(maintainEvery)
 		if err := r.store.Maintain(ctx); fatal(err) {
 			return err
 		} else if err != nil && ctx.Err() == nil {
@@ -57,25 +57,33 @@ func (r *Relay) maintain(ctx context.Context) error {
 }
 
 // dueMover is a Store that moves its delayed messages into the table when
-// they fall due on a clock of its own (*outbox.Store): MoveDue says when
-// to call it again. A Store without it has Maintain move them.
+// they fall due, on the clock of the next due time (*outbox.Store):
+// MoveDue says when that is. A Store without it has Maintain move them.
 type dueMover interface {
-	MoveDue(ctx context.Context) (time.Duration, error)
+	MoveDue(ctx context.Context) (next time.Time, err error)
 }
 
-// moveGap is the least time between two calls of MoveDue: while delayed
-// messages fall due without a break, each call moves what fell due in the
-// last moveGap, in one short statement, rather than the few thousand of a
-// longer wait in one long one that holds back the claims behind it.
-const moveGap = 20 * time.Millisecond
+// Bounds on the mover's waits between two calls of MoveDue.
+const (
+	// dueLookEvery is the longest: another process may write a delayed
+	// message due sooner than the next the store knows of.
+	dueLookEvery = time.Second
+	// moveGap is the shortest: while delayed messages fall due without a
+	// break, each call moves what fell due in the last moveGap, in one
+	// short statement, rather than the few thousand of a longer wait in one
+	// long one that holds back the claims behind it.
+	moveGap = 20 * time.Millisecond
+)
 
-// moveDue calls MoveDue when it says (never sooner than moveGap apart),
-// and after a failure again after the relay's backoff. It returns nil when
-// ctx ends, or an error nothing can repair (see fatal), which stops Run.
+// moveDue calls MoveDue when the next delayed message is due, at least
+// every dueLookEvery and never sooner than moveGap apart, and after a
+// failure again after the relay's backoff. It returns nil when ctx ends,
+// or an error nothing can repair (see fatal), which stops Run.
 func (r *Relay) moveDue(ctx context.Context, m dueMover) error {
 	failures := 0
 	for {
-		wait, err := m.MoveDue(ctx)
+		next, err := m.MoveDue(ctx)
+		wait := r.idleWait(dueLookEvery)
 		switch {
 		case fatal(err):
 			return err
@@ -84,9 +92,11 @@ func (r *Relay) moveDue(ctx context.Context, m dueMover) error {
 			wait = r.backoff(failures)
 			r.logger.WarnContext(ctx, "relay: Moving the due delayed messages into the table failed",
 				slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		case !next.IsZero():
+			failures = 0
+			wait = max(min(wait, time.Until(next)), moveGap)
 		default:
 			failures = 0
-			wait = max(wait, moveGap)
 		}
 		if !periodic.Sleep(ctx, wait) {
 			return nil

@@ -168,6 +168,18 @@ type Relay struct {
 	pollFirst   time.Duration                              // the wait after a short or an empty claim
 	backoff     outbox.BackoffFunc                         // waits after broker or database failures
 	sleepHook   func(d time.Duration, wakeable bool) woken // tests: replaces sleeping, and says what ended it
+	idleScale   atomic.Int64                               // a Group's factor on the waits while idle (0, 1: none)
+	quiet       atomic.Bool                                // the claimer's claims find nothing, and its waits are at their longest
+}
+
+// idleWait is d, the wait between two of the relay's looks (claims,
+// Maintain, delayed messages), grown by its group's factor while the
+// relay is idle (see GroupConfig.IdleClaims).
+func (r *Relay) idleWait(d time.Duration) time.Duration {
+	if f := r.idleScale.Load(); f > 1 && r.quiet.Load() {
+		return d * time.Duration(f)
+	}
+	return d
 }
 
 type counters struct {

@@ -25,38 +25,56 @@ import (
 const readyCheckTimeout = 5 * time.Second
 
 // metricsServer serves /metrics (OpenTelemetry's Prometheus exporter),
-// /healthz and /readyz for one relay.
+// /healthz and /readyz for the relay of one table or several.
 type metricsServer struct {
 	srv *http.Server
-	obs *outboxotel.Observer
+	obs map[string]*outboxotel.Observer // by table
 	mp  *sdkmetric.MeterProvider
 }
 
 // startMetrics listens on addr at once, so that a busy port fails the
-// command before the relay starts, and returns the relay's observer.
+// command before the relay starts, and returns an observer for each
+// table's relay (its series labelled outbox.table) in m.obs.
 //
-// Ready means: the relay's last round went through, its last claim is no
-// older than within, and the broker answers.
-func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() relay.Health, within time.Duration) (*metricsServer, error) {
+// Ready means: every table's relay's last round went through, its last
+// claim is no older than within (each table's, the group's idle waits
+// grown), and the broker answers. When one is not, /readyz names it.
+func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() map[string]relay.Health, within time.Duration) (*metricsServer, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, err
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	ready := func() (bool, int, string) {
-		h := health()
+	tableReady := func(h relay.Health) (bool, string) {
 		switch {
 		case h.Err != nil:
 			kind := "failing"
 			if h.Permanent {
 				kind = "failing permanently"
 			}
-			return false, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %s: %s", kind, x.secrets.scrub(h.Err.Error()))
+			return false, fmt.Sprintf("%s: %s", kind, x.secrets.scrub(h.Err.Error()))
 		case h.LastClaim.IsZero():
-			return false, http.StatusServiceUnavailable, "not ready: no claim yet"
+			return false, "no claim yet"
 		case time.Since(h.LastClaim) > within:
-			return false, http.StatusServiceUnavailable, fmt.Sprintf("not ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
+			return false, fmt.Sprintf("last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
+		}
+		return true, ""
+	}
+	ready := func() (bool, int, string) {
+		hs := health()
+		last := time.Time{}
+		for _, st := range stores {
+			h := hs[st.Table()]
+			if ok, why := tableReady(h); !ok {
+				if len(stores) > 1 {
+					why = st.Table() + ": " + why
+				}
+				return false, http.StatusServiceUnavailable, "not ready: " + why
+			}
+			if h.LastClaim.After(last) {
+				last = h.LastClaim
+			}
 		}
 		// An idle relay publishes nothing: check that the broker answers.
 		// RabbitMQ answers a refused login after about 3s: wait longer, so
@@ -66,12 +84,24 @@ func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x 
 		if err := pub.Check(ctx); err != nil {
 			return false, http.StatusServiceUnavailable, "not ready: " + x.secrets.scrub(err.Error())
 		}
-		return true, http.StatusOK, fmt.Sprintf("ready: last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
+		return true, http.StatusOK, fmt.Sprintf("ready: last claim %s ago", time.Since(last).Round(time.Millisecond))
 	}
-	obs, err := outboxotel.NewObserver(&outboxotel.Config{MeterProvider: mp, Store: store, Unroutable: pub.Unroutable,
-		Ready: func() bool { ok, _, _ := ready(); return ok }})
-	if err != nil {
-		return nil, err
+	m := &metricsServer{obs: map[string]*outboxotel.Observer{}, mp: mp}
+	for i, st := range stores {
+		cfg := &outboxotel.Config{MeterProvider: mp, Store: st, Ready: func() bool { ok, _, _ := ready(); return ok }}
+		if len(stores) > 1 {
+			table := st.Table()
+			cfg.Ready = func() bool { ok, _ := tableReady(health()[table]); return ok }
+		}
+		if i == 0 {
+			cfg.Unroutable = pub.Unroutable // the publisher's, counted once
+		}
+		obs, err := outboxotel.NewObserver(cfg)
+		if err != nil {
+			m.closeObservers()
+			return nil, err
+		}
+		m.obs[st.Table()] = obs
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -85,10 +115,10 @@ func startMetrics(addr string, store *outbox.Store, pub *relay.AMQPPublisher, x 
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		_ = obs.Close()
+		m.closeObservers()
 		return nil, fmt.Errorf("--metrics-addr: %w", err)
 	}
-	m := &metricsServer{srv: serveHTTP(ln, mux, metricsLimits, logger), obs: obs, mp: mp}
+	m.srv = serveHTTP(ln, mux, metricsLimits, logger)
 	logger.Info("relay: Serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
 	return m, nil
 }
@@ -172,6 +202,12 @@ func (m *metricsServer) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = m.srv.Shutdown(ctx)
-	_ = m.obs.Close()
+	m.closeObservers()
 	_ = m.mp.Shutdown(ctx)
+}
+
+func (m *metricsServer) closeObservers() {
+	for _, o := range m.obs {
+		_ = o.Close()
+	}
 }

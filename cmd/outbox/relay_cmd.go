@@ -7,14 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	rtdebug "runtime/debug"
+	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/outboxotel"
 	"github.com/acemq/outbox/pgwake"
 	"github.com/acemq/outbox/relay"
 	"github.com/acemq/outbox/topology"
@@ -40,50 +42,237 @@ func (c *common) amqpURLs(flagValue string) []string {
 const amqpURLHelp = "RabbitMQ URL(s), comma-separated for a cluster (default $AMQP_URL, else RabbitMQ on localhost:5672 as guest)"
 
 func cmdRelay(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("relay", x, outbox.TableDefault)
-	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp)
-	batch := c.fs.Int("batch-size", relay.BatchSizeDefault, "messages per claim")
-	batchBytes := c.fs.Int64("batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps under (max-in-flight + 1) times this, plus 32 MiB, unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
-	inFlight := c.fs.Int("max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own")
-	lease := c.fs.Duration("lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
-	poll := c.fs.Duration("poll-interval", relay.PollIntervalDefault, fmt.Sprintf("sleep between polls when idle, at least %s", relay.PollIntervalMin))
-	publishTimeout := c.fs.Duration("publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
-	shutdown := c.fs.Duration("shutdown-timeout", relay.ShutdownTimeoutDefault, "how long to wait for confirms on SIGINT/SIGTERM before releasing")
-	maxAttempts := c.fs.Int("max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which a message is parked")
-	purgeAfter := c.fs.Duration("purge-after", 0, "also purge published messages older than this, hourly (default: never)")
-	notify := c.fs.Bool("notify", false, "wake on LISTEN/NOTIFY instead of waiting for the next poll; needs the table's trigger (outbox schema --notify --apply) and a direct connection, not a transaction pooler")
-	name := c.fs.String("connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
-	debug := c.fs.Bool("debug", false, "log every batch")
-	ordered := c.fs.Bool("ordered", false, "expect an ordered table and refuse one that is not (outbox.OrderedByKey): the table keeps each key's order, whoever writes to it (outbox schema --ordered, outbox convert --to ordered), and a relay of an ordered table keeps it with or without this flag")
-	listenURL := c.fs.String("listen-database-url", "", "with --notify: a direct PostgreSQL connection for LISTEN, when --database-url goes through a transaction pooler (default: --database-url)")
-	topologyFile := c.fs.String("topology", "", "a topology file (see outbox declare) to declare on every connection before publishing")
-	unroutable := c.fs.String("unroutable", "park", "what to do with a message no queue is bound for: park (an attempt, parked after --max-attempts; blocks its key in ordered mode), alternate (publish to --alternate-exchange) or drop (count and log it)")
-	alternate := c.fs.String("alternate-exchange", "", "with --unroutable alternate: the exchange that receives unroutable messages")
-	metricsAddr := c.fs.String("metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. 127.0.0.1:9464 (:9464 listens on every interface) (default: none)")
+	c := newCommon("relay", x, "")
+	o := relayFlagSet(c)
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	urls := c.amqpURLs(*amqpURL)
+	if len(o.tables) == 0 {
+		o.tables = tablesFlag{outbox.TableDefault}
+	}
+	for _, t := range o.tables {
+		if looksLikeDSN(t) {
+			return c.usageError("--table looks like a connection string (not shown: it may hold a password); --table takes a table name, the database goes in --database-url or DATABASE_URL")
+		}
+	}
+	if err := o.check(c); err != nil {
+		return err
+	}
+	return o.run(ctx, c)
+}
+
+// relayOptions are the flags of outbox relay.
+type relayOptions struct {
+	tables                                                                     tablesFlag
+	amqpURL, name, listenURL, topologyFile, unroutable, alternate, metricsAddr string
+	batch, inFlight, maxConns, maxAttempts                                     int
+	batchBytes                                                                 int64
+	idleClaims                                                                 float64
+	lease, poll, publishTimeout, shutdown, purgeAfter                          time.Duration
+	notify, debug, ordered                                                     bool
+	unr                                                                        relay.Unroutable // of unroutable, once checked
+}
+
+func relayFlagSet(c *common) *relayOptions {
+	o := &relayOptions{}
+	fs := c.fs
+	fs.Var(&o.tables, "table", "the `table`, optionally schema-qualified (default "+outbox.TableDefault+"); give it once for each table to relay them all from one process")
+	fs.StringVar(&o.amqpURL, "amqp-url", "", amqpURLHelp)
+	fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "messages per claim")
+	fs.Int64Var(&o.batchBytes, "batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps under (max-in-flight + 1) times this, plus 32 MiB, unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
+	fs.IntVar(&o.inFlight, "max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own (for each table)")
+	fs.IntVar(&o.maxConns, "max-connections", 0, "with several tables: the most broker connections the tables' publishes share (default: max-in-flight, times 2 with more than one table)")
+	fs.Float64Var(&o.idleClaims, "idle-claims", relay.IdleClaimsDefault, "with several tables: the most claims a second the idle tables make together; with more tables than this times --poll-interval, each idle table waits longer between claims (use --notify to be woken at once)")
+	fs.DurationVar(&o.lease, "lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
+	fs.DurationVar(&o.poll, "poll-interval", relay.PollIntervalDefault, fmt.Sprintf("sleep between polls when idle, at least %s", relay.PollIntervalMin))
+	fs.DurationVar(&o.publishTimeout, "publish-timeout", 0, fmt.Sprintf("bound on publishing one batch, shorter than --lease (default %s, or a third of --lease if that is shorter)", relay.PublishTimeoutDefault))
+	fs.DurationVar(&o.shutdown, "shutdown-timeout", relay.ShutdownTimeoutDefault, "how long to wait for confirms on SIGINT/SIGTERM before releasing")
+	fs.IntVar(&o.maxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which a message is parked")
+	fs.DurationVar(&o.purgeAfter, "purge-after", 0, "also purge published messages older than this, hourly (default: never)")
+	fs.BoolVar(&o.notify, "notify", false, "wake on LISTEN/NOTIFY instead of waiting for the next poll; needs the table's trigger (outbox schema --notify --apply) and a direct connection, not a transaction pooler")
+	fs.StringVar(&o.name, "connection-name", relay.ConnectionNameDefault, "connection name shown in RabbitMQ's management UI")
+	fs.BoolVar(&o.debug, "debug", false, "log every batch")
+	fs.BoolVar(&o.ordered, "ordered", false, "expect an ordered table and refuse one that is not (outbox.OrderedByKey): the table keeps each key's order, whoever writes to it (outbox schema --ordered, outbox convert --to ordered), and a relay of an ordered table keeps it with or without this flag")
+	fs.StringVar(&o.listenURL, "listen-database-url", "", "with --notify: a direct PostgreSQL connection for LISTEN, when --database-url goes through a transaction pooler (default: --database-url)")
+	fs.StringVar(&o.topologyFile, "topology", "", "a topology file (see outbox declare) to declare on every connection before publishing")
+	fs.StringVar(&o.unroutable, "unroutable", "park", "what to do with a message no queue is bound for: park (an attempt, parked after --max-attempts; blocks its key in ordered mode), alternate (publish to --alternate-exchange) or drop (count and log it)")
+	fs.StringVar(&o.alternate, "alternate-exchange", "", "with --unroutable alternate: the exchange that receives unroutable messages")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on /metrics, /healthz and /readyz at this address, e.g. 127.0.0.1:9464 (:9464 listens on every interface) (default: none)")
+	return o
+}
+
+// check refuses flags that do not go together, with advice.
+func (o *relayOptions) check(c *common) error {
 	if err := c.positive(map[string]int64{
-		"batch-size": int64(*batch), "batch-max-bytes": *batchBytes, "max-in-flight": int64(*inFlight), "lease": int64(*lease), "poll-interval": int64(*poll),
-		"shutdown-timeout": int64(*shutdown), "max-attempts": int64(*maxAttempts),
+		"batch-size": int64(o.batch), "batch-max-bytes": o.batchBytes, "max-in-flight": int64(o.inFlight), "lease": int64(o.lease), "poll-interval": int64(o.poll),
+		"shutdown-timeout": int64(o.shutdown), "max-attempts": int64(o.maxAttempts),
 	}); err != nil {
 		return err
 	}
-	if *publishTimeout < 0 || *purgeAfter < 0 {
-		return c.usageError("--publish-timeout and --purge-after must not be negative")
+	switch {
+	case o.publishTimeout < 0 || o.purgeAfter < 0 || o.maxConns < 0:
+		return c.usageError("--publish-timeout, --purge-after and --max-connections must not be negative")
+	case !(o.idleClaims > 0) || math.IsInf(o.idleClaims, 0):
+		return c.usageError("--idle-claims must be positive")
+	case o.poll < relay.PollIntervalMin:
+		return c.usageError("--poll-interval %s is too short: at least %s. An idle relay claims once per --poll-interval, each claim a database transaction, so a shorter one makes thousands a second that find nothing (use --notify to be woken at once instead)", o.poll, relay.PollIntervalMin)
+	case o.lease < relay.LeaseMin:
+		return c.usageError("--lease %s is too short: at least %s. A batch still being published or marked when its lease runs out is taken and published again by another relay, so a lease shorter than a batch's round trips publishes messages many times", o.lease, relay.LeaseMin)
+	case o.publishTimeout >= o.lease:
+		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s), or another relay may take a batch while it is still being published", o.publishTimeout, o.lease)
+	case o.notify && c.onMySQL():
+		return c.usageError("--notify: LISTEN/NOTIFY is PostgreSQL's; on MySQL and MariaDB the relay polls every --poll-interval")
+	case (o.unroutable == "alternate") != (o.alternate != ""):
+		return c.usageError("--unroutable alternate and --alternate-exchange go together")
 	}
-	if *poll < relay.PollIntervalMin {
-		return c.usageError("--poll-interval %s is too short: at least %s. An idle relay claims once per --poll-interval, each claim a database transaction, so a shorter one makes thousands a second that find nothing (use --notify to be woken at once instead)", *poll, relay.PollIntervalMin)
+	var err error
+	if o.unr, err = relay.ParseUnroutable(o.unroutable); err != nil {
+		return c.usageError("--unroutable %q: park, alternate or drop", o.unroutable)
 	}
-	if *lease < relay.LeaseMin {
-		return c.usageError("--lease %s is too short: at least %s. A batch still being published or marked when its lease runs out is taken and published again by another relay, so a lease shorter than a batch's round trips publishes messages many times", *lease, relay.LeaseMin)
+	return nil
+}
+
+// run relays the tables until ctx ends.
+func (o *relayOptions) run(ctx context.Context, c *common) error {
+	setRelayRuntime(o.batchBytes, o.inFlight*len(o.tables))
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
 	}
-	if *publishTimeout >= *lease {
-		return c.usageError("--publish-timeout (%s) must be shorter than --lease (%s), or another relay may take a batch while it is still being published", *publishTimeout, *lease)
+	// Every line of a table's relay names the table: the logs of relays
+	// of several tables must be told apart.
+	base := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+	logger := base // the group's relays add their table's name
+	if len(o.tables) == 1 {
+		logger = base.With(slog.String("table", o.tables[0]))
 	}
+	// What the defaults (or the environment) chose, for whoever wonders
+	// what the relay holds itself to.
+	logger.Info("relay: Runtime", slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int64("memory_limit", rtdebug.SetMemoryLimit(-1)))
+
+	db, stores, err := c.openStores(ctx, o.tables, &outbox.StoreConfig{MaxAttempts: o.maxAttempts, BatchMaxBytes: o.batchBytes, Logger: logger, Ordering: ordering(o.ordered)})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	// The claimer, the settler and the work beside them (reconciling,
+	// purging) each hold a connection at times; database/sql keeps only 2
+	// idle ones by default, so a busy relay would open and close
+	// connections (a PostgreSQL process each) all the time.
+	db.SetMaxIdleConns(8 * len(stores))
+	for _, st := range stores {
+		if err := probeTable(ctx, st, base.With(slog.String("table", st.Table()))); err != nil {
+			if len(stores) > 1 {
+				err = fmt.Errorf("%s: %w", st.Table(), err)
+			}
+			return c.explain(err)
+		}
+	}
+	pub, err := o.publisher(logger, len(stores), c.amqpURLs(o.amqpURL))
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	probeBroker(ctx, pub, logger)
+	g, err := relay.NewGroup(pub, &relay.GroupConfig{IdleClaims: o.idleClaims, Config: relay.Config{
+		BatchSize: o.batch, MaxInFlight: o.inFlight, Lease: o.lease, PollInterval: o.poll, PublishTimeout: o.publishTimeout,
+		ShutdownTimeout: o.shutdown, PurgeAfter: o.purgeAfter, Logger: base,
+	}})
+	if err != nil {
+		return c.usageError("%s", relayFlags.Replace(err.Error()))
+	}
+	var observers map[string]*outboxotel.Observer
+	if o.metricsAddr != "" {
+		// Ready: the last round of every table went through, and its last
+		// claim is recent (an idle relay claims every --poll-interval, a
+		// group's idle tables less often).
+		within := max(10*o.poll, 10*time.Second) * idleFactor(len(stores), o.poll, o.idleClaims)
+		m, err := startMetrics(o.metricsAddr, stores, pub, c.cli, logger, g.Health, within)
+		if err != nil {
+			return err
+		}
+		defer m.close()
+		observers = m.obs
+	}
+	for _, st := range stores {
+		t := relay.Table{Name: st.Table(), Store: st}
+		if obs := observers[st.Table()]; obs != nil {
+			t.Observer = obs
+		}
+		if o.notify {
+			if t.Wakeup, err = c.listen(ctx, db, st, cmp.Or(o.listenURL, c.databaseURL), base); err != nil {
+				return err
+			}
+		}
+		if err := g.Add(t); err != nil {
+			return c.usageError("%s", relayFlags.Replace(err.Error()))
+		}
+	}
+	if err := g.Run(ctx); err != nil {
+		return err
+	}
+	var total relay.Stats
+	for _, st := range g.Stats() {
+		total.Published += st.Published
+		total.Failed += st.Failed
+		total.Released += st.Released
+		total.LeasesLost += st.LeasesLost
+	}
+	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", total.Published, total.Failed, total.Released, total.LeasesLost)
+	return nil
+}
+
+// publisher makes the publisher every table's relay shares.
+func (o *relayOptions) publisher(logger *slog.Logger, tables int, urls []string) (*relay.AMQPPublisher, error) {
+	var topo *topology.Topology
+	if o.topologyFile != "" {
+		f, err := os.Open(o.topologyFile)
+		if err != nil {
+			return nil, err
+		}
+		topo, err = topology.Parse(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--topology %s: %w", o.topologyFile, err)
+		}
+	}
+	conns := o.maxConns
+	if conns == 0 && tables > 1 {
+		conns = 2 * o.inFlight
+	}
+	return relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: o.name, Logger: logger,
+		Unroutable: o.unr, AlternateExchange: o.alternate, Topology: topo, MaxConnections: conns})
+}
+
+// idleFactor is how many times longer than --poll-interval each of n
+// idle tables waits between claims in a group (see relay.GroupConfig).
+func idleFactor(n int, poll time.Duration, idleClaims float64) time.Duration {
+	return time.Duration(max(1, math.Ceil(float64(n)*float64(time.Second)/float64(poll)/idleClaims)))
+}
+
+// tablesFlag is --table of outbox relay, which may be given once for each
+// table.
+type tablesFlag []string
+
+func (f *tablesFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *tablesFlag) Set(v string) error {
+	if v == "" {
+		return errors.New("empty: name a table")
+	}
+	if slices.Contains(*f, v) {
+		return errors.New("a table given twice")
+	}
+	*f = append(*f, v)
+	return nil
+}
+
+// setRelayRuntime sets the memory limit, the GC's target and GOMAXPROCS
+// of `outbox relay`, each unless the environment does; inFlight is the
+// batches of every table together.
+func setRelayRuntime(batchBytes int64, inFlight int) {
 	if os.Getenv("GOMEMLIMIT") == "" {
-		rtdebug.SetMemoryLimit(relayMemoryLimit(*batchBytes, *inFlight))
+		rtdebug.SetMemoryLimit(relayMemoryLimit(batchBytes, inFlight))
 	}
 	if os.Getenv("GOGC") == "" {
 		// The relay allocates for every message (the rows it reads, the
@@ -96,108 +285,57 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(relayGOMAXPROCS)
 	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
-	}
-	// Every line names the table: the logs of relays of several tables
-	// must be told apart.
-	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level})).With(slog.String("table", c.table))
-	// What the defaults above (or the environment) chose, for whoever
-	// wonders what the relay holds itself to.
-	logger.Info("relay: Runtime", slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int64("memory_limit", rtdebug.SetMemoryLimit(-1)))
+}
 
-	db, store, err := c.open(ctx, &outbox.StoreConfig{MaxAttempts: *maxAttempts, BatchMaxBytes: *batchBytes, Logger: logger, Ordering: ordering(*ordered)})
+// openStores connects to the database and opens a store for each table
+// on that one pool; a bad table name fails before any connection.
+func (c *common) openStores(ctx context.Context, tables []string, cfg *outbox.StoreConfig) (*sql.DB, []*outbox.Store, error) {
+	for _, t := range tables {
+		tc := *cfg
+		tc.Table = t
+		if _, err := outbox.NewStore(nil, &tc); err != nil {
+			return nil, nil, err
+		}
+	}
+	db, err := c.openDB(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer db.Close()
-	// The claimer, the settler and the work beside them (reconciling,
-	// purging) each hold a connection at times; database/sql keeps only 2
-	// idle ones by default, so a busy relay would open and close
-	// connections (a PostgreSQL process each) all the time.
-	db.SetMaxIdleConns(8)
-	if err := probeTable(ctx, store, logger); err != nil {
-		return c.explain(err)
+	stores := make([]*outbox.Store, len(tables))
+	for i, t := range tables {
+		tc := *cfg
+		tc.Table = t
+		if len(tables) > 1 {
+			tc.Logger = cfg.Logger.With(slog.String("table", t))
+		}
+		if stores[i], err = outbox.NewStore(db, &tc); err != nil {
+			db.Close()
+			return nil, nil, err
+		}
 	}
-	if (*unroutable == "alternate") != (*alternate != "") {
-		return c.usageError("--unroutable alternate and --alternate-exchange go together")
-	}
-	unr, err := relay.ParseUnroutable(*unroutable)
+	return db, stores, nil
+}
+
+// listen starts the LISTEN/NOTIFY wake-ups of st's table (--notify) on a
+// connection of their own to url, and warns when they cannot work.
+func (c *common) listen(ctx context.Context, db *sql.DB, st *outbox.Store, url string, logger *slog.Logger) (<-chan struct{}, error) {
+	logger = logger.With(slog.String("table", st.Table()))
+	ok, err := st.HasNotifyTrigger(ctx)
 	if err != nil {
-		return c.usageError("--unroutable %q: park, alternate or drop", *unroutable)
+		return nil, c.explain(err)
 	}
-	var topo *topology.Topology
-	if *topologyFile != "" {
-		f, err := os.Open(*topologyFile)
-		if err != nil {
-			return err
-		}
-		topo, err = topology.Parse(f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("--topology %s: %w", *topologyFile, err)
-		}
+	if !ok {
+		logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`")
 	}
-	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: *name, Logger: logger,
-		Unroutable: unr, AlternateExchange: *alternate, Topology: topo})
+	c.secrets.addDSN(url)
+	wake, err := pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: url, Table: st.Table(), Logger: logger})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer pub.Close()
-	probeBroker(ctx, pub, logger)
-	cfg := &relay.Config{
-		BatchSize: *batch, MaxInFlight: *inFlight, Lease: *lease, PollInterval: *poll, PublishTimeout: *publishTimeout,
-		ShutdownTimeout: *shutdown, PurgeAfter: *purgeAfter, Logger: logger,
+	if ok && !probeListen(ctx, db, st.Table(), wake) {
+		logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile")
 	}
-	if *notify && c.onMySQL() {
-		return c.usageError("--notify: LISTEN/NOTIFY is PostgreSQL's; on MySQL and MariaDB the relay polls every --poll-interval")
-	}
-	if *notify {
-		ok, err := store.HasNotifyTrigger(ctx)
-		if err != nil {
-			return c.explain(err)
-		}
-		if !ok {
-			logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`")
-		}
-		lurl := cmp.Or(*listenURL, c.databaseURL)
-		c.secrets.addDSN(lurl)
-		if cfg.Wakeup, err = pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: lurl, Table: c.table, Logger: logger}); err != nil {
-			return err
-		}
-		if ok && !probeListen(ctx, db, c.table, cfg.Wakeup) {
-			logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile")
-		}
-	}
-	var running atomic.Pointer[relay.Relay] // read by the metrics server's goroutines
-	if *metricsAddr != "" {
-		// Ready: the last round went through, and the last claim is
-		// recent (the idle relay claims every --poll-interval).
-		within := max(10**poll, 10*time.Second)
-		m, err := startMetrics(*metricsAddr, store, pub, c.cli, logger, func() relay.Health {
-			if r := running.Load(); r != nil {
-				return r.Health()
-			}
-			return relay.Health{}
-		}, within)
-		if err != nil {
-			return err
-		}
-		defer m.close()
-		cfg.Observer = m.obs
-	}
-	r, err := relay.New(store, pub, cfg)
-	if err != nil {
-		return c.usageError("%s", relayFlags.Replace(err.Error()))
-	}
-	running.Store(r)
-	if err := r.Run(ctx); err != nil {
-		return err
-	}
-	st := r.Stats()
-	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", st.Published, st.Failed, st.Released, st.LeasesLost)
-	return nil
+	return wake, nil
 }
 
 // relayMemoryLimit is the soft limit of `outbox relay`'s heap unless

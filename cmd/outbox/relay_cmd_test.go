@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -88,7 +90,7 @@ func TestRelayLogLinesNameTheTable(t *testing.T) {
 		require.Contains(t, l, " table="+table, "every log line names the table")
 	}
 
-	code, _, errOut := outboxCmd(t, nil, "relay", "--table", table, "--table", "other")
+	code, _, errOut := outboxCmd(t, nil, "relay", "--table", table, "--table", table)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "given twice")
 	for _, cmd := range [][]string{{"status"}, {"purge", "--older-than", "1h"}, {"inbox", "dead", "--consumer", "c"}} {
@@ -96,4 +98,90 @@ func TestRelayLogLinesNameTheTable(t *testing.T) {
 		require.Equal(t, 2, code, "outbox %v", cmd)
 		require.Contains(t, errOut, "given twice")
 	}
+}
+
+// Issue 43: one relay process relays several tables (--table for each),
+// of either layout, on one pool and one publisher; its metrics label each
+// table's series, and /readyz names a table that fails (dropped under it)
+// while the other goes on.
+func TestRelayCommandRelaysSeveralTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	var stores []*outbox.Store
+	for i, create := range []func(*outbox.Store) func(context.Context) error{
+		func(s *outbox.Store) func(context.Context) error { return s.CreateRowsSchemaIfAbsent },
+		func(s *outbox.Store) func(context.Context) error { return s.CreateLogSchemaIfAbsent },
+	} {
+		store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t) + strconv.Itoa(i)})
+		require.NoError(t, err)
+		require.NoError(t, create(store)(ctx))
+		stores = append(stores, store)
+	}
+	_, queue, deliveries := amqptest.ManualQueue(t, "cli-tables")
+	write := func(s *outbox.Store, n int) {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for range n {
+			require.NoError(t, s.Add(ctx, tx, outbox.Event{Type: queue}))
+		}
+		require.NoError(t, tx.Commit())
+	}
+	received := func(n int) {
+		t.Helper()
+		for range n {
+			select {
+			case d := <-deliveries:
+				require.NoError(t, d.Ack(false))
+			case <-time.After(30 * time.Second):
+				t.Fatal("the relay published too little")
+			}
+		}
+	}
+	write(stores[0], 5)
+	write(stores[1], 7)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stdout, stderr dbtest.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(rctx, []string{"relay", "--table", stores[0].Table(), "--table", stores[1].Table(), "--metrics-addr", addr}, &stdout, &stderr,
+			func(k string) string {
+				return map[string]string{"DATABASE_URL": dbtest.URL(), "AMQP_URL": amqptest.URL()}[k]
+			})
+	}()
+	received(12)
+	require.Eventually(t, func() bool { code, _ := get(t, "http://"+addr+"/readyz"); return code == http.StatusOK }, 30*time.Second, 10*time.Millisecond, stderr.String())
+	// Each table's series, labelled with its name; both drained.
+	require.Eventually(t, func() bool {
+		_, metrics := get(t, "http://"+addr+"/metrics")
+		for _, s := range stores {
+			if !regexp.MustCompile(`\noutbox_pending\{[^}]*outbox_table="`+s.Table()+`"\} 0\n`).MatchString(metrics) ||
+				!regexp.MustCompile(`\noutbox_messages_claimed_total\{[^}]*outbox_table="`+s.Table()+`"\} \d`).MatchString(metrics) {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond, "each table's outbox_pending 0 and outbox_messages_claimed_total")
+	_, err = db.ExecContext(ctx, `DROP TABLE "`+stores[1].Table()+`" CASCADE`)
+	require.NoError(t, err)
+	var body string
+	require.Eventually(t, func() bool {
+		var code int
+		code, body = get(t, "http://"+addr+"/readyz")
+		return code == http.StatusServiceUnavailable
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Contains(t, body, "not ready: "+stores[1].Table()+": failing permanently")
+	write(stores[0], 3)
+	received(3)
+	cancel()
+	require.Equal(t, 0, <-done, stderr.String())
+	require.Contains(t, stdout.String(), "relay stopped: 15 published")
+	require.Contains(t, stderr.String(), `msg="relay: Started" table=`+stores[0].Table())
+	require.Contains(t, stderr.String(), `msg="relay: Started" table=`+stores[1].Table())
 }
