@@ -56,6 +56,14 @@
 // relay uses its store's own connection pool and holds no transaction open
 // while it publishes.
 //
+// A Group relays several tables from one process (a schema per tenant, an
+// outbox per module): a Relay for each table, added and removed while it
+// runs, all on one Publisher, whose connections AMQPConfig.MaxConnections
+// bounds. Each table's relay claims on its own, so a backlog on one table
+// holds up no other; one table's failure is reported by Group.Health and
+// leaves the others running; GroupConfig.IdleClaims bounds what the idle
+// tables claim together.
+//
 // # The pipeline
 //
 // Run is three stages, each with one owner, and the storage's upkeep
