@@ -92,3 +92,6 @@ func RotateLog(ctx context.Context, s *Store) error { return s.log.rotate(ctx, s
 // so that a test can tell a look that a due time makes from one that time
 // makes.
 func SetDueLook(s *Store, d time.Duration) { s.dueLook = d }
+
+// ReadOrderSQL is the statement that reads a table's ordering mode.
+const ReadOrderSQL = readOrderSQL

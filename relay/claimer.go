@@ -81,7 +81,7 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 	case b != nil:
 		p.work <- b
 		c.idle = 0
-		r.quiet.Store(false)
+		r.busy.Store(true)
 		if len(b.msgs) >= r.cfg.BatchSize/2 {
 			return 0, false, nil // there may be more: claim again at once while a publisher is free
 		}
@@ -101,7 +101,7 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 		c.failures = 0
 		wait := r.pollFirst << min(c.idle, 30)
 		if wait >= r.cfg.PollInterval {
-			r.quiet.Store(true)
+			r.busy.Store(false)
 			wait = min(wait, r.idleWait(r.cfg.PollInterval))
 		}
 		c.idle++

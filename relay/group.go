@@ -11,6 +11,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/acemq/outbox/internal/periodic"
 )
 
 // IdleClaimsDefault is GroupConfig.IdleClaims's default: what ten idle
@@ -139,7 +141,7 @@ func (g *Group) Add(t Table) error {
 	g.members[t.Name] = m
 	g.rescale()
 	if g.runCtx != nil {
-		g.start(m)
+		g.start(m, 0)
 	}
 	return nil
 }
@@ -215,9 +217,15 @@ func (g *Group) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	g.runCtx = runCtx
-	for _, m := range g.members {
+	// The tables' relays start spread over n / IdleClaims seconds (10ms
+	// apart at the default), as fast as their idle claims would come: a
+	// thousand relays starting at once would each look at the database
+	// before the pool could serve them.
+	gap := time.Duration(float64(time.Second) / g.idle)
+	for k, name := range slices.Sorted(maps.Keys(g.members)) {
+		m := g.members[name]
 		m.err = nil
-		g.start(m)
+		g.start(m, time.Duration(k)*gap)
 	}
 	g.mu.Unlock()
 	defer func() {
@@ -238,15 +246,18 @@ func (g *Group) Run(ctx context.Context) error {
 	}
 }
 
-// start runs m's relay under g.runCtx (g.mu held).
-func (g *Group) start(m *member) {
+// start runs m's relay under g.runCtx after delay (g.mu held).
+func (g *Group) start(m *member, delay time.Duration) {
 	ctx, stop := context.WithCancel(g.runCtx)
 	m.stop, m.done = stop, make(chan struct{})
 	g.running.Add(1)
 	go func() {
 		defer g.running.Done()
 		defer stop()
-		err := m.r.Run(ctx)
+		var err error
+		if periodic.Sleep(ctx, delay) {
+			err = m.r.Run(ctx)
+		}
 		g.mu.Lock()
 		m.err = err
 		close(m.done)

@@ -169,14 +169,16 @@ type Relay struct {
 	backoff     outbox.BackoffFunc                         // waits after broker or database failures
 	sleepHook   func(d time.Duration, wakeable bool) woken // tests: replaces sleeping, and says what ended it
 	idleScale   atomic.Int64                               // a Group's factor on the waits while idle (0, 1: none)
-	quiet       atomic.Bool                                // the claimer's claims find nothing, and its waits are at their longest
+	busy        atomic.Bool                                // the claimer's claims find work (until its waits are at their longest again)
 }
 
 // idleWait is d, the wait between two of the relay's looks (claims,
-// Maintain, delayed messages), grown by its group's factor while the
-// relay is idle (see GroupConfig.IdleClaims).
+// Maintain, delayed messages), grown by its group's factor unless the
+// relay is busy (see GroupConfig.IdleClaims). A relay of a group starts
+// idle: a thousand tables starting at once must not look at the database
+// at a busy relay's pace.
 func (r *Relay) idleWait(d time.Duration) time.Duration {
-	if f := r.idleScale.Load(); f > 1 && r.quiet.Load() {
+	if f := r.idleScale.Load(); f > 1 && !r.busy.Load() {
 		return d * time.Duration(f)
 	}
 	return d

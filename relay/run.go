@@ -256,6 +256,13 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // ends, or with an error nothing can repair.
 func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan struct{}) error {
 	c := &claimLoop{r: r, p: p, modeRead: time.Now()}
+	if r.idleScale.Load() > 1 {
+		// A relay of a group starts idle: after an empty first claim its
+		// wait is PollInterval, growing from there, not 3ms.
+		for r.pollFirst<<c.idle < r.cfg.PollInterval && c.idle < 30 {
+			c.idle++
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -65,7 +65,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 type relayOptions struct {
 	tables                                                                     tablesFlag
 	amqpURL, name, listenURL, topologyFile, unroutable, alternate, metricsAddr string
-	batch, inFlight, maxConns, maxAttempts                                     int
+	batch, inFlight, maxConns, maxDBConns, maxAttempts                         int
 	batchBytes                                                                 int64
 	idleClaims                                                                 float64
 	lease, poll, publishTimeout, shutdown, purgeAfter                          time.Duration
@@ -81,7 +81,8 @@ func relayFlagSet(c *common) *relayOptions {
 	fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "messages per claim")
 	fs.Int64Var(&o.batchBytes, "batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps under (max-in-flight + 1) times this, plus 32 MiB, unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
 	fs.IntVar(&o.inFlight, "max-in-flight", relay.MaxInFlightDefault, "batches claimed and not yet settled at once, each on a connection of its own (for each table)")
-	fs.IntVar(&o.maxConns, "max-connections", 0, "with several tables: the most broker connections the tables' publishes share (default: max-in-flight, times 2 with more than one table)")
+	fs.IntVar(&o.maxConns, "max-connections", 0, "the most broker connections the tables' publishes share (default: as many as publish at once with one table; twice --max-in-flight with several)")
+	fs.IntVar(&o.maxDBConns, "max-db-connections", 0, "the most database connections the tables' relays share (default: as many as they use with one table; 4 + twice --max-in-flight with several)")
 	fs.Float64Var(&o.idleClaims, "idle-claims", relay.IdleClaimsDefault, "with several tables: the most claims a second the idle tables make together; with more tables than this times --poll-interval, each idle table waits longer between claims (use --notify to be woken at once)")
 	fs.DurationVar(&o.lease, "lease", relay.LeaseDefault, fmt.Sprintf("how long a claim holds, at least %s: a dead relay's batch waits this long for another relay, and a batch still unpublished after it may be published again by another relay", relay.LeaseMin))
 	fs.DurationVar(&o.poll, "poll-interval", relay.PollIntervalDefault, fmt.Sprintf("sleep between polls when idle, at least %s", relay.PollIntervalMin))
@@ -110,8 +111,8 @@ func (o *relayOptions) check(c *common) error {
 		return err
 	}
 	switch {
-	case o.publishTimeout < 0 || o.purgeAfter < 0 || o.maxConns < 0:
-		return c.usageError("--publish-timeout, --purge-after and --max-connections must not be negative")
+	case o.publishTimeout < 0 || o.purgeAfter < 0 || o.maxConns < 0 || o.maxDBConns < 0:
+		return c.usageError("--publish-timeout, --purge-after, --max-connections and --max-db-connections must not be negative")
 	case !(o.idleClaims > 0) || math.IsInf(o.idleClaims, 0):
 		return c.usageError("--idle-claims must be positive")
 	case o.poll < relay.PollIntervalMin:
@@ -159,7 +160,14 @@ func (o *relayOptions) run(ctx context.Context, c *common) error {
 	// purging) each hold a connection at times; database/sql keeps only 2
 	// idle ones by default, so a busy relay would open and close
 	// connections (a PostgreSQL process each) all the time.
-	db.SetMaxIdleConns(8 * len(stores))
+	db.SetMaxIdleConns(8)
+	// The relays of several tables share the pool: bounded, so that a
+	// thousand tables do not open a thousand connections (a claim, a
+	// settle or a look holds one for a statement or a short transaction).
+	if n := cmp.Or(o.maxDBConns, 4+2*o.inFlight); len(stores) > 1 || o.maxDBConns > 0 {
+		db.SetMaxOpenConns(n)
+		db.SetMaxIdleConns(n)
+	}
 	for _, st := range stores {
 		if err := probeTable(ctx, st, base.With(slog.String("table", st.Table()))); err != nil {
 			if len(stores) > 1 {
