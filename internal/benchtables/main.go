@@ -1,0 +1,223 @@
+// Command benchtables measures one relay process over many outbox tables
+// (relay.Group): whether a table with a backlog holds up the others. It
+// creates --tables tables of its own (the default layout), runs two
+// phases and drops them:
+//
+//   - quiet: every table but the first writes --rate events a second, one
+//     a transaction, for --duration, and the relay publishes them;
+//   - backlog: the same, after --backlog events were written to the first
+//     table, which the relay works off meanwhile.
+//
+// It prints each phase's commit → consume latency of the quiet tables'
+// events (persistent messages to a durable queue, a consumer that acks),
+// and how long the backlog took. Run it with DATABASE_URL and AMQP_URL set:
+//
+//	go run ./internal/benchtables --tables 100 --backlog 200000
+package main
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/relay"
+)
+
+func main() {
+	tables := flag.Int("tables", 100, "outbox tables")
+	backlog := flag.Int("backlog", 200_000, "events written to the first table before the second phase")
+	rate := flag.Float64("rate", 5, "events a second each other table writes")
+	duration := flag.Duration("duration", time.Minute, "how long each phase writes")
+	flag.Parse()
+	ctx := context.Background()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	check(err)
+	defer db.Close()
+	db.SetMaxOpenConns(*tables + 20) // the writers' own; the relay's pool is another
+	rdb, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	check(err)
+	defer rdb.Close()
+	rdb.SetMaxOpenConns(12)
+	rdb.SetMaxIdleConns(12)
+	amqpURL := cmp.Or(os.Getenv("AMQP_URL"), relay.AMQPURLDefault)
+
+	tag := uuid.NewString()[:8]
+	queue := "outbox.benchtables." + tag
+	conn, err := amqp.Dial(amqpURL)
+	check(err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	check(err)
+	_, err = ch.QueueDeclare(queue, true, false, false, false, nil)
+	check(err)
+	defer ch.QueueDelete(queue, false, false, false) //nolint:errcheck
+	check(ch.Qos(2000, 0, false))
+	deliveries, err := ch.Consume(queue, "", false, true, false, false, nil)
+	check(err)
+
+	writers := make([]*outbox.Store, *tables)
+	relays := make([]*outbox.Store, *tables)
+	for i := range writers {
+		name := fmt.Sprintf("benchtables_%s_%03d", tag, i)
+		writers[i], err = outbox.NewStore(db, &outbox.StoreConfig{Table: name})
+		check(err)
+		check(writers[i].CreateSchemaIfAbsent(ctx))
+		relays[i], err = outbox.NewStore(rdb, &outbox.StoreConfig{Table: name, Logger: slog.New(slog.DiscardHandler)})
+		check(err)
+		defer db.Exec(`DROP TABLE IF EXISTS "` + name + `", "` + name + `_scheduled" CASCADE`) //nolint:errcheck
+	}
+	fmt.Printf("benchtables: %d tables (%s layout), the quiet ones %g events/s each, %s a phase; relay.Group in this process, defaults\n",
+		*tables, layout(ctx, writers[0]), *rate, *duration)
+
+	written := sync.Map{} // id → commit time
+	var lat latencies
+	var busyLeft atomic.Int64
+	go func() {
+		for d := range deliveries {
+			now := time.Now()
+			if t, ok := written.LoadAndDelete(d.MessageId); ok {
+				lat.add(now.Sub(t.(time.Time)))
+			} else {
+				busyLeft.Add(-1)
+			}
+			_ = d.Ack(false)
+		}
+	}()
+
+	for _, phase := range []struct {
+		name    string
+		backlog int
+	}{{"quiet", 0}, {"backlog", *backlog}} {
+		if phase.backlog > 0 {
+			start := time.Now()
+			for n := 0; n < phase.backlog; n += 1000 {
+				tx, err := db.BeginTx(ctx, nil)
+				check(err)
+				evts := make([]outbox.Event, min(1000, phase.backlog-n))
+				for k := range evts {
+					evts[k] = outbox.Event{Type: queue, Payload: []byte(`{}`)}
+				}
+				check(writers[0].Add(ctx, tx, evts...))
+				check(tx.Commit())
+			}
+			busyLeft.Store(int64(phase.backlog))
+			fmt.Printf("benchtables: %d events written to the first table in %s\n", phase.backlog, time.Since(start).Round(time.Millisecond))
+		}
+		lat.reset()
+		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqpURL, MaxConnections: 8, Logger: slog.New(slog.DiscardHandler)})
+		check(err)
+		g, err := relay.NewGroup(pub, &relay.GroupConfig{Config: relay.Config{Logger: slog.New(slog.DiscardHandler)}})
+		check(err)
+		for _, s := range relays {
+			check(g.Add(relay.Table{Name: s.Table(), Store: s}))
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- g.Run(rctx) }()
+		for claimed := 0; claimed < len(relays); time.Sleep(10 * time.Millisecond) { // every table's relay running
+			claimed = 0
+			for _, h := range g.Health() {
+				if !h.LastClaim.IsZero() {
+					claimed++
+				}
+			}
+		}
+		start = time.Now()
+		var drained atomic.Int64
+		if phase.backlog > 0 {
+			go func() {
+				for busyLeft.Load() > 0 && rctx.Err() == nil {
+					time.Sleep(10 * time.Millisecond)
+				}
+				drained.Store(int64(time.Since(start)))
+			}()
+		}
+		var wg sync.WaitGroup
+		for _, s := range writers[1:] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(time.Duration(float64(time.Second) / *rate))
+				defer tick.Stop()
+				for end := time.Now().Add(*duration); time.Now().Before(end); <-tick.C {
+					tx, err := db.BeginTx(ctx, nil)
+					check(err)
+					id := uuid.Must(uuid.NewV7()).String()
+					check(s.Add(ctx, tx, outbox.Event{ID: id, Type: queue, Payload: []byte(`{}`)}))
+					written.Store(id, time.Now()) // before the commit: the relay may see it at once
+					check(tx.Commit())
+					written.Store(id, time.Now())
+				}
+			}()
+		}
+		wg.Wait()
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && (pendingQuiet(&written) > 0 || busyLeft.Load() > 0); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		stop()
+		check(<-done)
+		check(pub.Close())
+		p50, p99, max, n := lat.summary()
+		fmt.Printf("benchtables: phase %s: the quiet tables' commit → consume p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d events)", phase.name, ms(p50), ms(p99), ms(max), n)
+		if d := drained.Load(); d > 0 {
+			fmt.Printf("; the backlog of %d published in %s", phase.backlog, time.Duration(d).Round(time.Millisecond))
+		}
+		fmt.Println()
+	}
+}
+
+func pendingQuiet(m *sync.Map) (n int) {
+	m.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) { l.mu.Lock(); l.d = append(l.d, d); l.mu.Unlock() }
+func (l *latencies) reset()              { l.mu.Lock(); l.d = nil; l.mu.Unlock() }
+
+func (l *latencies) summary() (p50, p99, max time.Duration, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0, 0, 0, 0
+	}
+	s := slices.Clone(l.d)
+	slices.Sort(s)
+	return s[len(s)/2], s[len(s)*99/100], s[len(s)-1], len(s)
+}
+
+func layout(ctx context.Context, s *outbox.Store) string {
+	l, err := s.Layout(ctx)
+	check(err)
+	if l == outbox.LayoutLog {
+		return "log"
+	}
+	return "rows"
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
