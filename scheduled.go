@@ -390,8 +390,8 @@ func unixTime(ns int64) time.Time {
 }
 
 // moverIdle is how long after the last call of MoveDue Maintain takes its
-// work over.
-const moverIdle = time.Minute
+// work over: longer than a relay ever waits between two calls.
+const moverIdle = 10 * time.Minute
 
 // moveDueIfNoMover is Maintain's part: MoveDue's work, unless something
 // calls MoveDue. It looks whatever MoveDue last learnt, so that a delayed

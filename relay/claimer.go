@@ -17,6 +17,7 @@ type claimLoop struct {
 	burst    int       // claims still to make closely after a wake-up
 	again    bool      // an empty claim is made again at once: a writer of this process woke the claimer before its commit
 	modeRead time.Time // when the table's ordering mode was read last
+	modeDue  bool      // the mode is to be read after the next claim that finds messages (an idle relay of a group)
 }
 
 // prepare does what comes before a claim: reading the table's mode again
@@ -26,9 +27,16 @@ type claimLoop struct {
 func (c *claimLoop) prepare(ctx context.Context) (stop bool, err error) {
 	r, p := c.r, c.p
 	if time.Since(c.modeRead) >= orderingRefresh {
-		c.modeRead = time.Now()
-		if err := r.refreshOrdering(ctx); err != nil {
-			return true, err
+		if r.idleWait(time.Second) > time.Second {
+			// An idle relay of a group reads the mode only when a claim
+			// finds messages, before it hands them on (see recheck): a
+			// thousand idle tables do not read theirs before every claim.
+			c.modeDue = true
+		} else {
+			c.modeRead, c.modeDue = time.Now(), false
+			if err := r.refreshOrdering(ctx); err != nil {
+				return true, err
+			}
 		}
 	}
 	switch faults, clean, ferr := p.reports(); {
@@ -79,6 +87,10 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 		r.sleep(ctx, wait, nil, nil, nil) // a backoff is not cut short by new work
 		return 0, false, nil
 	case b != nil:
+		if keep, err := c.recheck(ctx, b); !keep {
+			p.slots <- struct{}{}
+			return 0, err != nil, err
+		}
 		p.work <- b
 		c.idle = 0
 		r.busy.Store(true)
@@ -107,6 +119,26 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 		c.idle++
 		return wait, false, nil
 	}
+}
+
+// recheck reads the table's mode, when it is due, before the claimed batch
+// b is handed on; a batch claimed unordered from a table that turned
+// ordered meanwhile is released, without an attempt, to be claimed again
+// in order. keep false: b was released (or err, which stops the claimer).
+func (c *claimLoop) recheck(ctx context.Context, b *batch) (keep bool, err error) {
+	if !c.modeDue {
+		return true, nil
+	}
+	c.modeRead, c.modeDue = time.Now(), false
+	if err := c.r.refreshOrdering(ctx); err != nil {
+		c.r.releaseAll(ctx, b, ReleasedOrder)
+		return false, err
+	}
+	if b.ordered || !c.r.ordered.Load() {
+		return true, nil
+	}
+	c.r.releaseAll(ctx, b, ReleasedOrder)
+	return false, nil
 }
 
 // pause waits up to wait for work: a wake-up from a writer of this process

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,4 +113,66 @@ type invalidStore struct{ fakeStore }
 
 func (s *invalidStore) CheckOrdering(context.Context) error {
 	return errors.Join(errors.New("not an outbox table"), outbox.ErrInvalidTable)
+}
+
+// Issue 43: an idle relay of a group does not read its table's ordering
+// mode before every claim, but it does before it hands on what a claim
+// found: a batch claimed unordered from a table that turned ordered while
+// the relay was idle is released, without an attempt, and claimed again
+// in order, before any of it is published.
+func TestGroupIdleRelayRereadsTheModeBeforePublishing(t *testing.T) {
+	t.Parallel()
+	store := &modeStore{}
+	var published []bool // whether each publish's batch was claimed in order
+	var mu sync.Mutex
+	pub := PublisherFunc(func(ctx context.Context, m []outbox.Message) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		published = append(published, store.Ordering() == outbox.OrderedByKey)
+		return make([]error, len(m))
+	})
+	r := newTestRelay(t, store, pub, &Config{PollInterval: 10 * time.Millisecond})
+	r.idleScale.Store(10) // as a group of many tables would
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return store.claimCount() >= 2 }, 10*time.Second, 5*time.Millisecond)
+	reads := store.reads.Load()
+	store.table.Store(true) // outbox convert --to ordered, while the relay idles
+	time.Sleep(orderingRefresh + 100*time.Millisecond)
+	require.Equal(t, reads, store.reads.Load(), "an idle relay of a group read the mode before claims that found nothing")
+	store.push(outbox.Message{ID: "m1"})
+	require.Eventually(t, func() bool { return r.Stats().Published == 1 }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, []bool{true}, published, "published once, claimed in order")
+	require.Contains(t, store.log(), "release m1", "the batch claimed unordered was given back")
+}
+
+// modeStore is a store whose table's mode (table) the relay reads with
+// CheckOrdering; its claims follow the mode read last, and a release puts
+// the messages back.
+type modeStore struct {
+	fakeStore
+	table, read atomic.Bool
+	reads       atomic.Int64
+}
+
+func (s *modeStore) CheckOrdering(context.Context) error {
+	s.reads.Add(1)
+	s.read.Store(s.table.Load())
+	return nil
+}
+
+func (s *modeStore) Ordering() outbox.Ordering {
+	if s.read.Load() {
+		return outbox.OrderedByKey
+	}
+	return outbox.Unordered
+}
+
+func (s *modeStore) Release(ctx context.Context, msgs ...outbox.Message) error {
+	err := s.fakeStore.Release(ctx, msgs...)
+	s.push(msgs...)
+	return err
 }

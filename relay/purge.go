@@ -66,8 +66,12 @@ type dueMover interface {
 // Bounds on the mover's waits between two calls of MoveDue.
 const (
 	// dueLookEvery is the longest: another process may write a delayed
-	// message due sooner than the next the store knows of.
+	// message due sooner than the next the store knows of. An idle relay
+	// of a group waits longer (see GroupConfig.IdleClaims), up to
+	// dueLookMax, well within the 10 minutes after which Maintain would
+	// take the moving over.
 	dueLookEvery = time.Second
+	dueLookMax   = 5 * time.Minute
 	// moveGap is the shortest: while delayed messages fall due without a
 	// break, each call moves what fell due in the last moveGap, in one
 	// short statement, rather than the few thousand of a longer wait in one
@@ -83,7 +87,7 @@ func (r *Relay) moveDue(ctx context.Context, m dueMover) error {
 	failures := 0
 	for {
 		next, err := m.MoveDue(ctx)
-		wait := r.idleWait(dueLookEvery)
+		wait := min(r.idleWait(dueLookEvery), dueLookMax)
 		switch {
 		case fatal(err):
 			return err
