@@ -42,12 +42,14 @@ func main() {
 	backlog := flag.Int("backlog", 200_000, "events written to the first table before the second phase")
 	rate := flag.Float64("rate", 5, "events a second each other table writes")
 	duration := flag.Duration("duration", time.Minute, "how long each phase writes")
+	rows := flag.Bool("rows", false, "tables of the rows layout (default: the log layout)")
 	flag.Parse()
 	ctx := context.Background()
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 	check(err)
 	defer db.Close()
-	db.SetMaxOpenConns(*tables + 20) // the writers' own; the relay's pool is another
+	db.SetMaxOpenConns(min(*tables+20, 60)) // the writers' own; the relay's pool is another
+	db.SetMaxIdleConns(min(*tables+20, 60))
 	rdb, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 	check(err)
 	defer rdb.Close()
@@ -55,6 +57,7 @@ func main() {
 	rdb.SetMaxIdleConns(12)
 	amqpURL := cmp.Or(os.Getenv("AMQP_URL"), relay.AMQPURLDefault)
 
+	warnings := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	tag := uuid.NewString()[:8]
 	queue := "outbox.benchtables." + tag
 	conn, err := amqp.Dial(amqpURL)
@@ -75,7 +78,11 @@ func main() {
 		name := fmt.Sprintf("benchtables_%s_%03d", tag, i)
 		writers[i], err = outbox.NewStore(db, &outbox.StoreConfig{Table: name})
 		check(err)
-		check(writers[i].CreateSchemaIfAbsent(ctx))
+		create := writers[i].CreateLogSchemaIfAbsent
+		if *rows {
+			create = writers[i].CreateRowsSchemaIfAbsent
+		}
+		check(create(ctx))
 		relays[i], err = outbox.NewStore(rdb, &outbox.StoreConfig{Table: name, Logger: slog.New(slog.DiscardHandler)})
 		check(err)
 		defer db.Exec(`DROP TABLE IF EXISTS "` + name + `", "` + name + `_scheduled" CASCADE`) //nolint:errcheck
@@ -120,7 +127,7 @@ func main() {
 		lat.reset()
 		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqpURL, MaxConnections: 8, Logger: slog.New(slog.DiscardHandler)})
 		check(err)
-		g, err := relay.NewGroup(pub, &relay.GroupConfig{Config: relay.Config{Logger: slog.New(slog.DiscardHandler)}})
+		g, err := relay.NewGroup(pub, &relay.GroupConfig{Config: relay.Config{Logger: warnings}})
 		check(err)
 		for _, s := range relays {
 			check(g.Add(relay.Table{Name: s.Table(), Store: s}))
@@ -148,6 +155,7 @@ func main() {
 			}()
 		}
 		var wg sync.WaitGroup
+		var writes, writeTime, beginTime atomic.Int64
 		for _, s := range writers[1:] {
 			wg.Add(1)
 			go func() {
@@ -155,13 +163,18 @@ func main() {
 				tick := time.NewTicker(time.Duration(float64(time.Second) / *rate))
 				defer tick.Stop()
 				for end := time.Now().Add(*duration); time.Now().Before(end); <-tick.C {
+					t0 := time.Now()
 					tx, err := db.BeginTx(ctx, nil)
 					check(err)
+					beginTime.Add(int64(time.Since(t0)))
 					id := uuid.Must(uuid.NewV7()).String()
 					check(s.Add(ctx, tx, outbox.Event{ID: id, Type: queue, Payload: []byte(`{}`)}))
-					written.Store(id, time.Now()) // before the commit: the relay may see it at once
+					at := time.Now()
+					written.Store(id, at) // before the commit: the relay may see it at once
 					check(tx.Commit())
-					written.Store(id, time.Now())
+					writeTime.Add(int64(time.Since(at)))
+					written.CompareAndSwap(id, at, time.Now())
+					writes.Add(1)
 				}
 			}()
 		}
@@ -173,9 +186,12 @@ func main() {
 		check(<-done)
 		check(pub.Close())
 		p50, p99, max, n := lat.summary()
-		fmt.Printf("benchtables: phase %s: the quiet tables' commit → consume p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d events)", phase.name, ms(p50), ms(p99), ms(max), n)
+		fmt.Printf("benchtables: phase %s: the quiet tables' commit → consume p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d of %d events written)", phase.name, ms(p50), ms(p99), ms(max), n, writes.Load())
 		if d := drained.Load(); d > 0 {
 			fmt.Printf("; the backlog of %d published in %s", phase.backlog, time.Duration(d).Round(time.Millisecond))
+		}
+		if w := writes.Load(); w > 0 {
+			fmt.Printf(" [mean begin %.1f ms, add+commit %.1f ms]", ms(time.Duration(beginTime.Load()/w)), ms(time.Duration(writeTime.Load()/w)))
 		}
 		fmt.Println()
 	}
