@@ -85,7 +85,9 @@ func main() {
 		check(create(ctx))
 		relays[i], err = outbox.NewStore(rdb, &outbox.StoreConfig{Table: name, Logger: slog.New(slog.DiscardHandler)})
 		check(err)
-		defer db.Exec(`DROP TABLE IF EXISTS "` + name + `", "` + name + `_scheduled" CASCADE`) //nolint:errcheck
+		drop, err := outbox.DropSchema(name)
+		check(err)
+		defer db.Exec(drop) //nolint:errcheck
 	}
 	fmt.Printf("benchtables: %d tables (%s layout), the quiet ones %g events/s each, %s a phase; relay.Group in this process, defaults\n",
 		*tables, layout(ctx, writers[0]), *rate, *duration)
