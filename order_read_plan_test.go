@@ -15,7 +15,8 @@ import (
 // PostgreSQL caches for it: scanning pg_depend cost 90ms a read on a
 // database of a thousand log tables, and a group of their relays waited
 // on it. The generic plan (the one a prepared statement settles on) is
-// the one checked.
+// the one checked. (pg_trigger and pg_attribute may be scanned when they
+// are small: what grows with every object is pg_depend.)
 func TestReadOrderUsesTheCatalogsIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -37,6 +38,8 @@ func TestReadOrderUsesTheCatalogsIndexes(t *testing.T) {
 		plan += line + "\n"
 	}
 	require.NoError(t, rows.Err())
+	// pg_depend holds an entry for every object of the database (some
+	// thousands in an empty one): the look is by its reference index.
 	require.Contains(t, plan, "pg_depend_reference_index", plan)
-	require.NotContains(t, plan, "Seq Scan", plan)
+	require.NotContains(t, plan, "Seq Scan on pg_depend", plan)
 }
