@@ -250,3 +250,29 @@ func TestConformDelayedMoveDueWaitsForTheNextDueTime(t *testing.T) {
 		require.Equal(t, written, ids(msgs), "moved at once after this store made it due")
 	})
 }
+
+// Issue 42: the delay runs from the statement that writes the event, not
+// from the start of its transaction: in a transaction that began a while
+// before Add, the message is due no earlier than its NotBefore. (It was
+// due that while earlier on PostgreSQL, whose now() is the transaction's
+// start, and went out before its NotBefore.)
+func TestConformDelayedEventInALongTransaction(t *testing.T) {
+	t.Parallel()
+	onEveryBackend(t, nil, func(t *testing.T, db *sql.DB, s *outbox.Store, b backendCase) {
+		ctx := context.Background()
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback() //nolint:errcheck
+		_, err = tx.ExecContext(ctx, `SELECT 1`) // the transaction has begun, on the database too
+		require.NoError(t, err)
+		time.Sleep(300 * time.Millisecond) // the business work of a long transaction
+		notBefore := time.Now().Add(100 * time.Millisecond)
+		require.NoError(t, s.Add(ctx, tx, outbox.Event{Type: "later", NotBefore: notBefore}))
+		require.NoError(t, tx.Commit())
+		msgs, err := s.Scheduled(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, msgs, 1)
+		require.False(t, msgs[0].NotBefore.Before(notBefore.Add(-time.Millisecond)),
+			"due %s before its NotBefore", notBefore.Sub(msgs[0].NotBefore))
+	})
+}

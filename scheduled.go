@@ -169,7 +169,10 @@ func (p *pgScheduler) scheduleSQL(n int) string {
 			}
 			b.WriteByte(',')
 		}
-		b.WriteString("now() + $" + strconv.Itoa(r*scheduleColumns+scheduleColumns) + "::bigint * interval '1 microsecond')")
+		// clock_timestamp(), not now(): now() is when the writer's
+		// transaction began, before Add measured the delay, and a message
+		// due then went out that much before its NotBefore.
+		b.WriteString("clock_timestamp() + $" + strconv.Itoa(r*scheduleColumns+scheduleColumns) + "::bigint * interval '1 microsecond')")
 	}
 	p.sqls[n] = b.String()
 	return p.sqls[n]
