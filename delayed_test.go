@@ -262,7 +262,7 @@ func TestConformDelayedEventInALongTransaction(t *testing.T) {
 		ctx := context.Background()
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		defer tx.Rollback() //nolint:errcheck
+		defer tx.Rollback()                      //nolint:errcheck
 		_, err = tx.ExecContext(ctx, `SELECT 1`) // the transaction has begun, on the database too
 		require.NoError(t, err)
 		time.Sleep(300 * time.Millisecond) // the business work of a long transaction
