@@ -282,8 +282,9 @@ func (s *Store) Scheduled(ctx context.Context, limit int) ([]Message, error) {
 
 // PublishNow makes the delayed messages among ids due now: a relay moves
 // them into the table within a second (at once when it runs with this
-// Store), and they go out. One Maintain could not move is tried again. Ids that are not
-// delayed messages are ignored. It returns how many it made due.
+// Store), and they go out. One that could not be moved (its ID was written
+// into the table meanwhile) is tried again. Ids that are not delayed
+// messages are ignored. It returns how many it made due.
 func (s *Store) PublishNow(ctx context.Context, ids ...string) (int64, error) {
 	return s.changeScheduled(ctx, "PublishNow", "making delayed messages due", false, ids)
 }

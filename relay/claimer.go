@@ -27,7 +27,7 @@ type claimLoop struct {
 func (c *claimLoop) prepare(ctx context.Context) (stop bool, err error) {
 	r, p := c.r, c.p
 	if time.Since(c.modeRead) >= orderingRefresh {
-		if r.idleWait(time.Second) > time.Second {
+		if r.idling() {
 			// An idle relay of a group reads the mode only when a claim
 			// finds messages, before it hands them on (see recheck): a
 			// thousand idle tables do not read theirs before every claim.

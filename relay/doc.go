@@ -114,7 +114,9 @@
 //     and rotates the partitions, so that no claim waits for that work (a
 //     few milliseconds every 250ms, 5 to 30 every second; the claimer is
 //     serial, and every message committed meanwhile waited too). The
-//     claims take what its looks found.
+//     claims take what its looks found. (An idle relay of a large Group
+//     waits longer between its claims, its Maintain and its moves of
+//     delayed messages alike: see GroupConfig.IdleClaims.)
 //   - Another goroutine moves the delayed messages that have fallen due
 //     (outbox.Event.NotBefore) into the table, which wakes the claimer:
 //     it calls Store.MoveDue when the next is due, at least every second

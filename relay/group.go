@@ -288,12 +288,26 @@ func (g *Group) allFailed() error {
 	return fmt.Errorf("relay: every table of the group stopped on an error: %w", errors.Join(errs...))
 }
 
+// IdlePollInterval is the longest an idle table of the group waits between
+// two claims now: Config.PollInterval, grown with the number of tables
+// beyond IdleClaims × PollInterval (see GroupConfig.IdleClaims).
+func (g *Group) IdlePollInterval() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cfg.PollInterval * time.Duration(g.factor())
+}
+
+// factor is what the group grows its idle relays' waits by (g.mu held).
+func (g *Group) factor() int64 {
+	perTable := float64(time.Second) / float64(g.cfg.PollInterval) // claims a second of an idle relay
+	return int64(max(1, math.Ceil(float64(len(g.members))*perTable/g.idle)))
+}
+
 // rescale spreads the idle claims of IdleClaims over the group's tables
 // (g.mu held): each relay's idle waits grow by the same factor.
 func (g *Group) rescale() {
-	perTable := float64(time.Second) / float64(g.cfg.PollInterval) // claims a second of an idle relay
-	f := max(1, math.Ceil(float64(len(g.members))*perTable/g.idle))
+	f := g.factor()
 	for _, m := range g.members {
-		m.r.idleScale.Store(int64(f))
+		m.r.idleScale.Store(f)
 	}
 }

@@ -36,19 +36,44 @@ func TestGroupBoundsIdleClaims(t *testing.T) {
 		}
 		return n
 	}
+	// Each table's relay records the longest wait its claimer asked for.
+	longest := make([]atomic.Int64, tables)
+	for i, s := range stores {
+		for _, m := range g.members {
+			if m.r.store == s {
+				m.r.sleepHook = func(d time.Duration, _ bool) woken {
+					if int64(d) > longest[i].Load() {
+						longest[i].Store(int64(d))
+					}
+					time.Sleep(d)
+					return notWoken
+				}
+			}
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
-	require.Eventually(t, func() bool { return claims() >= 3*tables }, 10*time.Second, 5*time.Millisecond, "every table claims")
 	// Each table's waits double from 3ms to their longest, 50 ×
-	// PollInterval (500ms), in about 1.3s; then claims are counted for 2s.
-	time.Sleep(1500 * time.Millisecond)
+	// PollInterval; then claims are counted for 2s.
+	require.Equal(t, 500*time.Millisecond, g.IdlePollInterval())
+	require.Eventually(t, func() bool {
+		for i := range longest {
+			if time.Duration(longest[i].Load()) < g.IdlePollInterval() {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond, "every table's waits grow to 50 × PollInterval")
 	first := claims()
 	time.Sleep(2 * time.Second)
 	perSecond := float64(claims()-first) / 2
 	cancel()
 	require.NoError(t, <-done)
 	require.LessOrEqual(t, perSecond, 800.0, "claims a second of %d idle tables, bounded to about 400", tables)
+	for i := range longest {
+		require.LessOrEqual(t, time.Duration(longest[i].Load()), g.IdlePollInterval(), "table %d waited longer than the group allows", i)
+	}
 
 	// The bound follows the tables: with two left, each claims every
 	// PollInterval again.
@@ -56,6 +81,7 @@ func TestGroupBoundsIdleClaims(t *testing.T) {
 	for _, name := range g.Tables()[2:] {
 		require.True(t, g.Remove(name))
 	}
+	require.Equal(t, 10*time.Millisecond, g.IdlePollInterval())
 	for _, m := range g.members {
 		require.EqualValues(t, 1, m.r.idleScale.Load())
 	}

@@ -178,11 +178,15 @@ type Relay struct {
 // idle: a thousand tables starting at once must not look at the database
 // at a busy relay's pace.
 func (r *Relay) idleWait(d time.Duration) time.Duration {
-	if f := r.idleScale.Load(); f > 1 && !r.busy.Load() {
-		return d * time.Duration(f)
+	if r.idling() {
+		return d * time.Duration(r.idleScale.Load())
 	}
 	return d
 }
+
+// idling says whether the relay's waits are grown: it is an idle relay of
+// a group large enough to grow them.
+func (r *Relay) idling() bool { return r.idleScale.Load() > 1 && !r.busy.Load() }
 
 type counters struct {
 	batches, published, failed, released, leasesLost, purged atomic.Int64

@@ -37,9 +37,9 @@ type metricsServer struct {
 // table's relay (its series labelled outbox.table) in m.obs.
 //
 // Ready means: every table's relay's last round went through, its last
-// claim is no older than within (each table's, the group's idle waits
-// grown), and the broker answers. When one is not, /readyz names it.
-func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() map[string]relay.Health, within time.Duration) (*metricsServer, error) {
+// claim is no older than within() (which grows with a group's idle
+// waits), and the broker answers. When one is not, /readyz names it.
+func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() map[string]relay.Health, within func() time.Duration) (*metricsServer, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
@@ -56,7 +56,7 @@ func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher,
 			return false, fmt.Sprintf("%s: %s", kind, x.secrets.scrub(h.Err.Error()))
 		case h.LastClaim.IsZero():
 			return false, "no claim yet"
-		case time.Since(h.LastClaim) > within:
+		case time.Since(h.LastClaim) > within():
 			return false, fmt.Sprintf("last claim %s ago", time.Since(h.LastClaim).Round(time.Millisecond))
 		}
 		return true, ""

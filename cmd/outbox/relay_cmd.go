@@ -193,8 +193,8 @@ func (o *relayOptions) run(ctx context.Context, c *common) error {
 	if o.metricsAddr != "" {
 		// Ready: the last round of every table went through, and its last
 		// claim is recent (an idle relay claims every --poll-interval, a
-		// group's idle tables less often).
-		within := max(10*o.poll, 10*time.Second) * idleFactor(len(stores), o.poll, o.idleClaims)
+		// group's idle tables less often, and the group says how often).
+		within := func() time.Duration { return max(10*g.IdlePollInterval(), 10*time.Second) }
 		m, err := startMetrics(o.metricsAddr, stores, pub, c.cli, logger, g.Health, within)
 		if err != nil {
 			return err
@@ -250,12 +250,6 @@ func (o *relayOptions) publisher(logger *slog.Logger, tables int, urls []string)
 	}
 	return relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: o.name, Logger: logger,
 		Unroutable: o.unr, AlternateExchange: o.alternate, Topology: topo, MaxConnections: conns})
-}
-
-// idleFactor is how many times longer than --poll-interval each of n
-// idle tables waits between claims in a group (see relay.GroupConfig).
-func idleFactor(n int, poll time.Duration, idleClaims float64) time.Duration {
-	return time.Duration(max(1, math.Ceil(float64(n)*float64(time.Second)/float64(poll)/idleClaims)))
 }
 
 // tablesFlag is --table of outbox relay, which may be given once for each

@@ -57,7 +57,7 @@ func cmdScheduled(ctx context.Context, x *cli, args []string) error {
 		printScheduled(c, msgs)
 		return nil
 	}
-	verb, done := "publish now", "made due now: a relay moves them into the table within 100ms and publishes them"
+	verb, done := "publish now", "made due now: a relay moves them into the table within a second and publishes them"
 	act := store.PublishNow
 	if *discard {
 		verb, done, act = "discard", "deleted: they will not be published", store.DiscardScheduled
