@@ -22,6 +22,16 @@ func fatal(err error) bool {
 		errors.Is(err, outbox.ErrInvalidTable) || errors.Is(err, errDBClosed())
 }
 
+// missing says that err is the database's: the table, its schema or a
+// column of it is not there.
+func missing(err error) bool {
+	switch dberr.Classify(err) {
+	case dberr.NoTable, dberr.NoSchema, dberr.NoColumn:
+		return true
+	}
+	return false
+}
+
 // explain is the error Run returns for a fatal err: err itself, said more
 // plainly where database/sql's own words would leave a reader guessing.
 func explain(err error) error {

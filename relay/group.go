@@ -35,6 +35,12 @@ type GroupConfig struct {
 	// process, or the table's Wakeup, ends the wait at once. Defaults to
 	// IdleClaimsDefault (100).
 	IdleClaims float64
+
+	// KeepRunning makes Run return only when its context ends, even when
+	// every table's relay has stopped on an error: for a group whose
+	// tables come and go (outbox relay --tables), where a table dropped
+	// is let go by its caller, and another may be added next.
+	KeepRunning bool
 }
 
 // Table is one table of a Group.
@@ -76,10 +82,12 @@ type Group struct {
 	pub    Publisher
 	cfg    Config
 	idle   float64
+	keep   bool
 	logger *slog.Logger
 
 	mu      sync.Mutex
 	members map[string]*member
+	gone    Stats           // the totals of the tables removed
 	runCtx  context.Context // while Run runs; nil otherwise
 	running sync.WaitGroup  // the members' Runs
 	stopped chan struct{}   // a member's Run returned (Run looks whether any is left)
@@ -112,7 +120,7 @@ func NewGroup(pub Publisher, cfg *GroupConfig) (*Group, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Group{pub: pub, cfg: c, idle: cmp.Or(cfg.IdleClaims, IdleClaimsDefault), logger: c.Logger,
+	return &Group{pub: pub, cfg: c, idle: cmp.Or(cfg.IdleClaims, IdleClaimsDefault), keep: cfg.KeepRunning, logger: c.Logger,
 		members: map[string]*member{}, stopped: make(chan struct{}, 1)}, nil
 }
 
@@ -162,6 +170,11 @@ func (g *Group) Remove(name string) bool {
 		m.stop()
 		<-m.done
 	}
+	if ok {
+		g.mu.Lock()
+		g.gone = g.gone.plus(m.r.Stats())
+		g.mu.Unlock()
+	}
 	return ok
 }
 
@@ -200,14 +213,32 @@ func (g *Group) Stats() map[string]Stats {
 	return out
 }
 
+// Totals returns the running totals of every table's relay together,
+// those of the tables removed included.
+func (g *Group) Totals() Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	total := g.gone
+	for _, m := range g.members {
+		total = total.plus(m.r.Stats())
+	}
+	return total
+}
+
+// plus returns the sums of s's and o's totals.
+func (s Stats) plus(o Stats) Stats {
+	return Stats{Batches: s.Batches + o.Batches, Published: s.Published + o.Published, Failed: s.Failed + o.Failed,
+		Released: s.Released + o.Released, LeasesLost: s.LeasesLost + o.LeasesLost, Purged: s.Purged + o.Purged}
+}
+
 // Run relays every table of the group, and those added meanwhile, until
 // ctx ends; each table's relay then shuts down as Relay.Run does, and Run
 // returns nil when all have. A table whose relay stops on an error it
 // cannot recover from (see Relay.Run: a table that is not an outbox
 // table, an ordered table that cannot keep the order) is logged and left
 // stopped, and Health reports it; the others go on. Run returns an error
-// when it is already running, and when every table's relay has stopped on
-// an error.
+// when it is already running, and, unless GroupConfig.KeepRunning, when
+// every table's relay has stopped on an error.
 func (g *Group) Run(ctx context.Context) error {
 	g.mu.Lock()
 	if g.runCtx != nil {
@@ -240,7 +271,7 @@ func (g *Group) Run(ctx context.Context) error {
 			return nil
 		case <-g.stopped:
 		}
-		if err := g.allFailed(); err != nil {
+		if err := g.allFailed(); err != nil && !g.keep {
 			return err
 		}
 	}

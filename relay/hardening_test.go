@@ -308,3 +308,68 @@ func TestTableOfUnknownLayoutStopsRun(t *testing.T) {
 	}
 	require.NoError(t, ctx.Err(), "Run returned on its own")
 }
+
+// gatedPublisher confirms every message once gate is closed, and says on
+// called that a batch came.
+type gatedPublisher struct {
+	called chan struct{}
+	gate   chan struct{}
+}
+
+func (p gatedPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	select {
+	case p.called <- struct{}{}:
+	default:
+	}
+	<-p.gate
+	return make([]error, len(msgs))
+}
+
+func (gatedPublisher) Close() error { return nil }
+
+// Issue 43: a table dropped while its batch is being published (a tenant
+// dropped under a relay of many tables) fails its settle once: a retry
+// on another connection cannot bring a table back, so the settler does
+// not retry it every second until the lease ends (which held the relay's
+// shutdown, and so its group's Remove, for the lease, logging at every
+// retry).
+func TestSettleOnADroppedTableIsNotRetried(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{"rows", "log"} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := dbtest.DB(t)
+			store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t)})
+			require.NoError(t, err)
+			create := store.CreateRowsSchemaIfAbsent
+			if layout == "log" {
+				create = store.CreateLogSchemaIfAbsent
+			}
+			require.NoError(t, create(ctx))
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			require.NoError(t, store.Add(ctx, tx, outbox.Event{Type: "a"}, outbox.Event{Type: "b"}))
+			require.NoError(t, tx.Commit())
+
+			pub := gatedPublisher{called: make(chan struct{}, 1), gate: make(chan struct{})}
+			var logs dbtest.Buffer
+			r, err := relay.New(store, pub, &relay.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Lease: 10 * time.Second})
+			require.NoError(t, err)
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- r.Run(rctx) }()
+			<-pub.called
+			drop, err := outbox.DropSchema(store.Table())
+			require.NoError(t, err)
+			_, err = db.ExecContext(ctx, drop)
+			require.NoError(t, err)
+			close(pub.gate)
+			require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Settling a batch failed") }, 30*time.Second, 10*time.Millisecond, logs.String())
+			require.NotContains(t, logs.String(), "retrying on another connection", "a settle on a dropped table is not retried")
+			cancel()
+			<-done
+		})
+	}
+}

@@ -41,7 +41,9 @@ func (r *Relay) settle(ctx context.Context, until time.Time, what string, n int,
 // retrying runs a settle and, when it fails for a reason other than a lost
 // lease (a database session terminated, a connection dropped), runs it
 // again on a fresh connection of the pool, backing off, until it works or
-// the time left before until is too short. Marks and releases are fenced by
+// the time left before until is too short. A table (or its schema, or a
+// column) that is not there is not retried: no connection brings it back
+// (a tenant's table dropped under a relay of many tables). Marks and releases are fenced by
 // the claim token, so a retry can never touch a row that another relay has
 // claimed since; it saves the batch from being published a second time
 // after the lease.
@@ -49,7 +51,7 @@ func (r *Relay) retrying(ctx context.Context, until time.Time, what string, op f
 	delay := settleRetryMin
 	for attempt := 1; ; attempt++ {
 		err := op(ctx)
-		if err == nil || errors.Is(err, outbox.ErrLeaseLost) || fatal(err) || ctx.Err() != nil ||
+		if err == nil || errors.Is(err, outbox.ErrLeaseLost) || fatal(err) || missing(err) || ctx.Err() != nil ||
 			time.Now().Add(delay).After(until) {
 			return err
 		}

@@ -138,8 +138,10 @@ type common struct {
 	fs          *flag.FlagSet
 	databaseURL string
 	table       string
-	positional  string   // what positional arguments the command takes ("ID..."); "" for none
-	args        []string // the positional arguments given
+	tables      tablesFlag // an operator command's --table, given once for each table (see newOperatorCommon)
+	pattern     string     // an operator command's --tables
+	positional  string     // what positional arguments the command takes ("ID..."); "" for none
+	args        []string   // the positional arguments given
 }
 
 // newCommon starts a command's flags: --database-url, and --table with

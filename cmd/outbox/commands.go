@@ -14,7 +14,7 @@ import (
 )
 
 func cmdRetry(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("retry", x, outbox.TableDefault)
+	c := newOperatorCommon("retry", x)
 	c.positional = "ID..."
 	all := c.fs.Bool("all-parked", false, "re-arm every parked message")
 	dryRun := c.fs.Bool("dry-run", false, "with --all-parked: say how many messages would be re-armed, and do nothing")
@@ -28,46 +28,48 @@ func cmdRetry(ctx context.Context, x *cli, args []string) error {
 	if err := c.messageIDs(ids); err != nil {
 		return err
 	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
+	if *dryRun && !*all {
+		return c.usageError("--dry-run goes with --all-parked")
 	}
-	defer db.Close()
-	var n int64
-	if *all {
-		st, err := store.Stats(ctx)
-		if err != nil {
-			return c.explain(err)
+	var total int64
+	err := c.eachTable(ctx, nil, func(store *outbox.Store) error {
+		var n int64
+		if *all {
+			st, err := store.Stats(ctx)
+			if err != nil {
+				return c.explain(err)
+			}
+			if *dryRun {
+				fmt.Fprintf(c.stdout, "would re-arm all %d parked message(s) of table %s\ndry run: nothing re-armed\n", st.Parked, c.table)
+				return nil
+			}
+			fmt.Fprintf(c.stderr, "re-arming all %d parked message(s) of table %s\n", st.Parked, c.table)
+			if n, err = store.RetryAllParked(ctx); err != nil {
+				return c.explain(err)
+			}
+		} else {
+			var err error
+			if n, err = store.Retry(ctx, ids...); err != nil {
+				return c.explain(err)
+			}
 		}
-		if *dryRun {
-			fmt.Fprintf(c.stdout, "would re-arm all %d parked message(s) of table %s\ndry run: nothing re-armed\n", st.Parked, c.table)
-			return nil
+		total += n
+		if n > 0 || !c.several() {
+			fmt.Fprintf(c.stdout, "re-armed %d parked message(s) of table %s\n", n, c.table)
 		}
-		fmt.Fprintf(c.stderr, "re-arming all %d parked message(s) of table %s\n", st.Parked, c.table)
-		n, err = store.RetryAllParked(ctx)
-		if err != nil {
-			return c.explain(err)
-		}
-	} else {
-		if *dryRun {
-			return c.usageError("--dry-run goes with --all-parked")
-		}
-		if n, err = store.Retry(ctx, ids...); err != nil {
-			return c.explain(err)
-		}
-	}
-	fmt.Fprintf(c.stdout, "re-armed %d parked message(s) of table %s\n", n, c.table)
+		return nil
+	})
 	if !*all {
-		c.notParked(n, ids)
+		c.notParked(total, ids)
 	}
-	return nil
+	return err
 }
 
 // discardDryRunLimit bounds the parked messages a dry run of discard reads.
 const discardDryRunLimit = 100_000
 
 func cmdDiscard(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("discard", x, outbox.TableDefault)
+	c := newOperatorCommon("discard", x)
 	c.positional = "ID..."
 	dryRun := c.fs.Bool("dry-run", false, "say which of the ids are parked messages that would be discarded, and do nothing")
 	if err := c.parse(args); err != nil {
@@ -80,29 +82,41 @@ func cmdDiscard(ctx context.Context, x *cli, args []string) error {
 	if err := c.messageIDs(ids); err != nil {
 		return err
 	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if *dryRun {
-		parked, err := store.Parked(ctx, discardDryRunLimit)
+	var total int64
+	err := c.eachTable(ctx, nil, func(store *outbox.Store) error {
+		if *dryRun {
+			parked, err := store.Parked(ctx, discardDryRunLimit)
+			if err != nil {
+				return c.explain(err)
+			}
+			found := idsAmong(parked, ids)
+			if len(found) > 0 || !c.several() {
+				fmt.Fprintf(c.stdout, "would discard %d of the %d id(s) given, the parked messages of table %s: %s\n",
+					len(found), len(ids), c.table, strings.Join(found, " "))
+			}
+			return nil
+		}
+		if !c.several() {
+			fmt.Fprintf(c.stderr, "discarding %d message(s) of table %s, those of them that are parked\n", len(ids), c.table)
+		}
+		n, err := store.Discard(ctx, ids...)
 		if err != nil {
 			return c.explain(err)
 		}
-		found := idsAmong(parked, ids)
-		fmt.Fprintf(c.stdout, "would discard %d of the %d id(s) given, the parked messages of table %s: %s\ndry run: nothing discarded\n",
-			len(found), len(ids), c.table, strings.Join(found, " "))
+		total += n
+		if n > 0 || !c.several() {
+			fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
+		}
 		return nil
+	})
+	if *dryRun {
+		if err == nil || c.several() {
+			fmt.Fprintln(c.stdout, "dry run: nothing discarded")
+		}
+		return err
 	}
-	fmt.Fprintf(c.stderr, "discarding %d message(s) of table %s, those of them that are parked\n", len(ids), c.table)
-	n, err := store.Discard(ctx, ids...)
-	if err != nil {
-		return c.explain(err)
-	}
-	fmt.Fprintf(c.stdout, "discarded %d parked message(s) of table %s: they will not be published; their rows stay, with discarded_at set, until purged\n", n, c.table)
-	c.notParked(n, ids)
-	return nil
+	c.notParked(total, ids)
+	return err
 }
 
 // idsAmong returns the ids of msgs that are among ids (in any case).
@@ -134,13 +148,17 @@ func (c *common) messageIDs(ids []string) error {
 // notParked says how many of ids a retry or discard left alone, having
 // changed n.
 func (c *common) notParked(n int64, ids []string) {
-	if int(n) < len(ids) {
+	switch {
+	case int(n) >= len(ids):
+	case c.several():
+		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of these tables and were left alone\n", len(ids)-int(n))
+	default:
 		fmt.Fprintf(c.stdout, "%d id(s) were not parked messages of %s and were left alone\n", len(ids)-int(n), c.table)
 	}
 }
 
 func cmdPurge(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("purge", x, outbox.TableDefault)
+	c := newOperatorCommon("purge", x)
 	olderThan := c.fs.Duration("older-than", 0, "delete published messages older than this (e.g. 168h); required")
 	batch := c.fs.Int("batch-size", outbox.PurgeBatchSizeDefault, "rows deleted per statement")
 	dryRun := c.fs.Bool("dry-run", false, "say how many messages would be deleted, and do nothing")
@@ -153,23 +171,26 @@ func cmdPurge(ctx context.Context, x *cli, args []string) error {
 	if err := c.positive(map[string]int64{"batch-size": int64(*batch)}); err != nil {
 		return err
 	}
-	db, store, err := c.open(ctx, &outbox.StoreConfig{PurgeBatchSize: *batch})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	due, err := store.Purgeable(ctx, *olderThan)
+	return c.eachTable(ctx, &outbox.StoreConfig{PurgeBatchSize: *batch}, func(store *outbox.Store) error {
+		return c.purge(ctx, store, *olderThan, *dryRun)
+	})
+}
+
+// purge purges c.table (store's) of the published messages older than
+// olderThan.
+func (c *common) purge(ctx context.Context, store *outbox.Store, olderThan time.Duration, dryRun bool) error {
+	due, err := store.Purgeable(ctx, olderThan)
 	if err != nil {
 		return c.explain(err)
 	}
-	if *dryRun {
-		fmt.Fprintf(c.stdout, "would purge %d published message(s) older than %s from table %s\ndry run: nothing deleted\n", due, *olderThan, c.table)
+	if dryRun {
+		fmt.Fprintf(c.stdout, "would purge %d published message(s) older than %s from table %s\ndry run: nothing deleted\n", due, olderThan, c.table)
 		return nil
 	}
-	fmt.Fprintf(c.stderr, "purging %d published message(s) older than %s from table %s\n", due, *olderThan, c.table)
+	fmt.Fprintf(c.stderr, "purging %d published message(s) older than %s from table %s\n", due, olderThan, c.table)
 	started := time.Now()
 	last := started
-	n, err := store.PurgePublishedProgress(ctx, *olderThan, func(total int64) {
+	n, err := store.PurgePublishedProgress(ctx, olderThan, func(total int64) {
 		if time.Since(last) >= time.Second {
 			last = time.Now()
 			fmt.Fprintf(c.stderr, "purged %d so far (%.0f rows/s)\n", total, float64(total)/time.Since(started).Seconds())
@@ -178,9 +199,9 @@ func cmdPurge(ctx context.Context, x *cli, args []string) error {
 	if err != nil {
 		return fmt.Errorf("after purging %d: %w", n, c.explain(err))
 	}
-	fmt.Fprintf(c.stdout, "purged %d published message(s) older than %s from table %s in %s\n", n, *olderThan, c.table, time.Since(started).Round(time.Millisecond))
+	fmt.Fprintf(c.stdout, "purged %d published message(s) older than %s from table %s in %s\n", n, olderThan, c.table, time.Since(started).Round(time.Millisecond))
 	if n < due {
-		return c.whyNotPurged(ctx, store, *olderThan, due-n)
+		return c.whyNotPurged(ctx, store, olderThan, due-n)
 	}
 	return nil
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,28 +27,39 @@ import (
 const readyCheckTimeout = 5 * time.Second
 
 // metricsServer serves /metrics (OpenTelemetry's Prometheus exporter),
-// /healthz and /readyz for the relay of one table or several.
+// /healthz and /readyz for the relay of one table or several, and makes
+// each table's relay an observer (its series labelled outbox.table).
 type metricsServer struct {
-	srv *http.Server
-	obs map[string]*outboxotel.Observer // by table
-	mp  *sdkmetric.MeterProvider
+	srv    *http.Server
+	mp     *sdkmetric.MeterProvider
+	pub    *relay.AMQPPublisher
+	group  bool // several tables (or tables that come and go)
+	health func() map[string]relay.Health
+	ready  func() (bool, int, string)
+	ready1 func(relay.Health) (bool, string)
+
+	mu   sync.Mutex
+	obs  map[string]*outboxotel.Observer // by table
+	unr  *outboxotel.Observer            // a group's publisher's unroutable count
+	done bool
 }
 
 // startMetrics listens on addr at once, so that a busy port fails the
-// command before the relay starts, and returns an observer for each
-// table's relay (its series labelled outbox.table) in m.obs.
+// command before the relay starts; observe makes each table's observer.
+// group says that the relay has several tables, or may have (--tables).
 //
 // Ready means: every table's relay's last round went through, its last
 // claim is no older than within() (which grows with a group's idle
 // waits), and the broker answers. When one is not, /readyz names it.
-func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, health func() map[string]relay.Health, within func() time.Duration) (*metricsServer, error) {
+func startMetrics(addr string, pub *relay.AMQPPublisher, x *cli, logger *slog.Logger, group bool, health func() map[string]relay.Health, within func() time.Duration) (*metricsServer, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, err
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	tableReady := func(h relay.Health) (bool, string) {
+	m := &metricsServer{mp: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), pub: pub, group: group, health: health,
+		obs: map[string]*outboxotel.Observer{}}
+	m.ready1 = func(h relay.Health) (bool, string) {
 		switch {
 		case h.Err != nil:
 			kind := "failing"
@@ -61,14 +74,14 @@ func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher,
 		}
 		return true, ""
 	}
-	ready := func() (bool, int, string) {
+	m.ready = func() (bool, int, string) {
 		hs := health()
 		last := time.Time{}
-		for _, st := range stores {
-			h := hs[st.Table()]
-			if ok, why := tableReady(h); !ok {
-				if len(stores) > 1 {
-					why = st.Table() + ": " + why
+		for _, table := range slices.Sorted(maps.Keys(hs)) {
+			h := hs[table]
+			if ok, why := m.ready1(h); !ok {
+				if group {
+					why = table + ": " + why
 				}
 				return false, http.StatusServiceUnavailable, "not ready: " + why
 			}
@@ -84,24 +97,16 @@ func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher,
 		if err := pub.Check(ctx); err != nil {
 			return false, http.StatusServiceUnavailable, "not ready: " + x.secrets.scrub(err.Error())
 		}
+		if len(hs) == 0 {
+			return true, http.StatusOK, "ready: no table yet"
+		}
 		return true, http.StatusOK, fmt.Sprintf("ready: last claim %s ago", time.Since(last).Round(time.Millisecond))
 	}
-	m := &metricsServer{obs: map[string]*outboxotel.Observer{}, mp: mp}
-	for i, st := range stores {
-		cfg := &outboxotel.Config{MeterProvider: mp, Store: st, Ready: func() bool { ok, _, _ := ready(); return ok }}
-		if len(stores) > 1 {
-			table := st.Table()
-			cfg.Ready = func() bool { ok, _ := tableReady(health()[table]); return ok }
-		}
-		if i == 0 {
-			cfg.Unroutable = pub.Unroutable // the publisher's, counted once
-		}
-		obs, err := outboxotel.NewObserver(cfg)
-		if err != nil {
-			m.closeObservers()
+	if group {
+		// The publisher's count, once, without a table's label.
+		if m.unr, err = outboxotel.NewObserver(&outboxotel.Config{MeterProvider: m.mp, Unroutable: pub.Unroutable}); err != nil {
 			return nil, err
 		}
-		m.obs[st.Table()] = obs
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -109,7 +114,7 @@ func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher,
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		_, code, text := ready()
+		_, code, text := m.ready()
 		w.WriteHeader(code)
 		fmt.Fprintln(w, text)
 	})
@@ -121,6 +126,42 @@ func startMetrics(addr string, stores []*outbox.Store, pub *relay.AMQPPublisher,
 	m.srv = serveHTTP(ln, mux, metricsLimits, logger)
 	logger.Info("relay: Serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
 	return m, nil
+}
+
+// observe makes the observer of st's table's relay: its gauges, and,
+// ready, whether it is (of a group: that table's relay; else the whole
+// of /readyz).
+func (m *metricsServer) observe(st *outbox.Store) (*outboxotel.Observer, error) {
+	cfg := &outboxotel.Config{MeterProvider: m.mp, Store: st, Ready: func() bool { ok, _, _ := m.ready(); return ok }}
+	if m.group {
+		table := st.Table()
+		cfg.Ready = func() bool { ok, _ := m.ready1(m.health()[table]); return ok }
+	} else {
+		cfg.Unroutable = m.pub.Unroutable
+	}
+	obs, err := outboxotel.NewObserver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done {
+		_ = obs.Close()
+		return nil, errors.New("the metrics server is closed")
+	}
+	m.obs[st.Table()] = obs
+	return obs, nil
+}
+
+// forget ends the series of a table's relay: the table left the group.
+func (m *metricsServer) forget(table string) {
+	m.mu.Lock()
+	obs := m.obs[table]
+	delete(m.obs, table)
+	m.mu.Unlock()
+	if obs != nil {
+		_ = obs.Close()
+	}
 }
 
 // serveLimits bound what clients of a server can hold.
@@ -207,7 +248,13 @@ func (m *metricsServer) close() {
 }
 
 func (m *metricsServer) closeObservers() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.done = true
 	for _, o := range m.obs {
 		_ = o.Close()
+	}
+	if m.unr != nil {
+		_ = m.unr.Close()
 	}
 }

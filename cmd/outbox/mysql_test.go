@@ -213,3 +213,55 @@ func TestMySQLVerify(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--layout log is PostgreSQL's")
 }
+
+// Issue 43 on MariaDB: outbox relay --tables finds the tables of its
+// pattern in the connection's database as they are created and lets go
+// of one dropped, and outbox status takes the same pattern.
+func TestMySQLRelayFindsTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, db := mysqlURL(t)
+	env := func(k string) string {
+		return map[string]string{"DATABASE_URL": url, "AMQP_URL": amqptest.URL()}[k]
+	}
+	_, queue, deliveries := amqptest.ManualQueue(t, "cli-mysql-find")
+	newTable := func(name string) *outbox.Store {
+		s, err := outbox.NewStore(db, &outbox.StoreConfig{Table: name})
+		require.NoError(t, err)
+		require.NoError(t, s.CreateSchemaIfAbsent(ctx))
+		return s
+	}
+	var stderr dbtest.Buffer
+	write := func(s *outbox.Store, n int) { t.Helper(); writeEvents(t, db, s, queue, n) }
+	received := func(n int, logs *dbtest.Buffer) { t.Helper(); receive(t, deliveries, n, logs) }
+	a := newTable("a_outbox")
+	write(a, 2)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(rctx, []string{"relay", "--tables", "*_outbox", "--tables-every", "1s", "--poll-interval", "20ms"}, &stderr, &stderr, env)
+	}()
+	received(2, &stderr)
+	b := newTable("b_outbox")
+	write(b, 3)
+	received(3, &stderr)
+	require.Contains(t, stderr.String(), `msg="relay: Relaying a new table --tables found" table=b_outbox`)
+	require.Eventually(t, func() bool { n, err := b.Pending(ctx); return err == nil && n == 0 }, 30*time.Second, 10*time.Millisecond, "marked published")
+	_, err := db.ExecContext(ctx, "DROP TABLE b_outbox")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return strings.Contains(stderr.String(), `msg="relay: Let go of a table --tables no longer finds (dropped or renamed)" table=b_outbox`)
+	}, 30*time.Second, 10*time.Millisecond, stderr.String())
+	write(a, 1)
+	received(1, &stderr)
+	cancel()
+	require.Zero(t, <-done, stderr.String())
+	require.Contains(t, stderr.String(), "relay stopped: 6 published")
+
+	var out dbtest.Buffer
+	code := run(ctx, []string{"status", "--tables", "*_outbox"}, &out, &out, env)
+	require.Zero(t, code, out.String())
+	require.Regexp(t, `(?m)^a_outbox\s+0\s`, out.String())
+	require.NotContains(t, out.String(), "b_outbox")
+}

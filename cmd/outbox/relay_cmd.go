@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/acemq/outbox"
-	"github.com/acemq/outbox/outboxotel"
 	"github.com/acemq/outbox/pgwake"
 	"github.com/acemq/outbox/relay"
 	"github.com/acemq/outbox/topology"
@@ -47,7 +46,7 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	if len(o.tables) == 0 {
+	if len(o.tables) == 0 && o.pattern == "" {
 		o.tables = tablesFlag{outbox.TableDefault}
 	}
 	for _, t := range o.tables {
@@ -64,6 +63,8 @@ func cmdRelay(ctx context.Context, x *cli, args []string) error {
 // relayOptions are the flags of outbox relay.
 type relayOptions struct {
 	tables                                                                     tablesFlag
+	pattern                                                                    string
+	findEvery                                                                  time.Duration
 	amqpURL, name, listenURL, topologyFile, unroutable, alternate, metricsAddr string
 	batch, inFlight, maxConns, maxDBConns, maxAttempts                         int
 	batchBytes                                                                 int64
@@ -77,6 +78,8 @@ func relayFlagSet(c *common) *relayOptions {
 	o := &relayOptions{}
 	fs := c.fs
 	fs.Var(&o.tables, "table", "the `table`, optionally schema-qualified (default "+outbox.TableDefault+"); give it once for each table to relay them all from one process")
+	fs.StringVar(&o.pattern, "tables", "", "relay every outbox table whose name matches this `pattern` (* any characters, ? one), e.g. 'tenant_*.outbox', and those that come to match: the pattern is read again every --tables-every; a table dropped is let go")
+	fs.DurationVar(&o.findEvery, "tables-every", 30*time.Second, "with --tables: how often to look for tables created or dropped")
 	fs.StringVar(&o.amqpURL, "amqp-url", "", amqpURLHelp)
 	fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "messages per claim")
 	fs.Int64Var(&o.batchBytes, "batch-max-bytes", outbox.BatchMaxBytesDefault, "bytes of payloads and headers per claim (at least one message is always claimed): bounds the relay's memory, which the GC keeps under (max-in-flight + 1) times this, plus 32 MiB, unless GOMEMLIMIT is set (and lets grow to 5 times what is live below that, unless GOGC is set)")
@@ -126,6 +129,17 @@ func (o *relayOptions) check(c *common) error {
 	case (o.unroutable == "alternate") != (o.alternate != ""):
 		return c.usageError("--unroutable alternate and --alternate-exchange go together")
 	}
+	if o.pattern != "" {
+		if looksLikeDSN(o.pattern) {
+			return c.usageError("--tables looks like a connection string (not shown: it may hold a password); --tables takes a pattern of table names, the database goes in --database-url or DATABASE_URL")
+		}
+		if _, err := outbox.FindTables(context.Background(), nil, o.pattern); !errors.Is(err, outbox.ErrNoPool) {
+			return c.usageError("--tables: %s", strings.TrimPrefix(err.Error(), "outbox: FindTables: "))
+		}
+		if o.findEvery < time.Second {
+			return c.usageError("--tables-every %s is too short: at least 1s (each look reads the database's catalog)", o.findEvery)
+		}
+	}
 	var err error
 	if o.unr, err = relay.ParseUnroutable(o.unroutable); err != nil {
 		return c.usageError("--unroutable %q: park, alternate or drop", o.unroutable)
@@ -135,7 +149,7 @@ func (o *relayOptions) check(c *common) error {
 
 // run relays the tables until ctx ends.
 func (o *relayOptions) run(ctx context.Context, c *common) error {
-	setRelayRuntime(o.batchBytes, o.inFlight*len(o.tables))
+	group := len(o.tables) > 1 || o.pattern != ""
 	level := slog.LevelInfo
 	if o.debug {
 		level = slog.LevelDebug
@@ -144,18 +158,28 @@ func (o *relayOptions) run(ctx context.Context, c *common) error {
 	// of several tables must be told apart.
 	base := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 	logger := base // the group's relays add their table's name
-	if len(o.tables) == 1 {
+	if !group {
 		logger = base.With(slog.String("table", o.tables[0]))
 	}
-	// What the defaults (or the environment) chose, for whoever wonders
-	// what the relay holds itself to.
-	logger.Info("relay: Runtime", slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int64("memory_limit", rtdebug.SetMemoryLimit(-1)))
-
 	db, stores, err := c.openStores(ctx, o.tables, &outbox.StoreConfig{MaxAttempts: o.maxAttempts, BatchMaxBytes: o.batchBytes, Logger: logger, Ordering: ordering(o.ordered)})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	var found []string
+	if o.pattern != "" {
+		if found, err = outbox.FindTables(ctx, db, o.pattern); err != nil {
+			return c.explain(err)
+		}
+		found = slices.DeleteFunc(found, func(t string) bool { return slices.Contains(o.tables, t) })
+		if len(found)+len(o.tables) == 0 {
+			base.Warn("relay: No table matches --tables yet; looking again every --tables-every", slog.String("pattern", o.pattern), slog.Duration("every", o.findEvery))
+		}
+	}
+	setRelayRuntime(o.batchBytes, o.inFlight*max(1, len(o.tables)+len(found)))
+	// What the defaults (or the environment) chose, for whoever wonders
+	// what the relay holds itself to.
+	logger.Info("relay: Runtime", slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int64("memory_limit", rtdebug.SetMemoryLimit(-1)))
 	// The claimer, the settler and the work beside them (reconciling,
 	// purging) each hold a connection at times; database/sql keeps only 2
 	// idle ones by default, so a busy relay would open and close
@@ -164,74 +188,65 @@ func (o *relayOptions) run(ctx context.Context, c *common) error {
 	// The relays of several tables share the pool: bounded, so that a
 	// thousand tables do not open a thousand connections (a claim, a
 	// settle or a look holds one for a statement or a short transaction).
-	if n := cmp.Or(o.maxDBConns, 4+2*o.inFlight); len(stores) > 1 || o.maxDBConns > 0 {
+	if n := cmp.Or(o.maxDBConns, 4+2*o.inFlight); group || o.maxDBConns > 0 {
 		db.SetMaxOpenConns(n)
 		db.SetMaxIdleConns(n)
 	}
 	for _, st := range stores {
 		if err := probeTable(ctx, st, base.With(slog.String("table", st.Table()))); err != nil {
-			if len(stores) > 1 {
+			if group {
 				err = fmt.Errorf("%s: %w", st.Table(), err)
 			}
 			return c.explain(err)
 		}
 	}
-	pub, err := o.publisher(logger, len(stores), c.amqpURLs(o.amqpURL))
+	pub, err := o.publisher(logger, group, c.amqpURLs(o.amqpURL))
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
 	probeBroker(ctx, pub, logger)
-	g, err := relay.NewGroup(pub, &relay.GroupConfig{IdleClaims: o.idleClaims, Config: relay.Config{
+	g, err := relay.NewGroup(pub, &relay.GroupConfig{IdleClaims: o.idleClaims, KeepRunning: o.pattern != "", Config: relay.Config{
 		BatchSize: o.batch, MaxInFlight: o.inFlight, Lease: o.lease, PollInterval: o.poll, PublishTimeout: o.publishTimeout,
 		ShutdownTimeout: o.shutdown, PurgeAfter: o.purgeAfter, Logger: base,
 	}})
 	if err != nil {
 		return c.usageError("%s", relayFlags.Replace(err.Error()))
 	}
-	var observers map[string]*outboxotel.Observer
+	ts := &relayTables{c: c, o: o, db: db, g: g, base: base, cfg: outbox.StoreConfig{MaxAttempts: o.maxAttempts, BatchMaxBytes: o.batchBytes, Logger: base, Ordering: ordering(o.ordered)},
+		listeners: map[string]context.CancelFunc{}, found: map[string]bool{}, lookNow: make(chan struct{}, 1)}
+	defer ts.close()
 	if o.metricsAddr != "" {
 		// Ready: the last round of every table went through, and its last
 		// claim is recent (an idle relay claims every --poll-interval, a
 		// group's idle tables less often, and the group says how often).
 		within := func() time.Duration { return max(10*g.IdlePollInterval(), 10*time.Second) }
-		m, err := startMetrics(o.metricsAddr, stores, pub, c.cli, logger, g.Health, within)
-		if err != nil {
+		if ts.metrics, err = startMetrics(o.metricsAddr, pub, c.cli, logger, group, g.Health, within); err != nil {
 			return err
 		}
-		defer m.close()
-		observers = m.obs
+		defer ts.metrics.close()
 	}
 	for _, st := range stores {
-		t := relay.Table{Name: st.Table(), Store: st}
-		if obs := observers[st.Table()]; obs != nil {
-			t.Observer = obs
+		if err := ts.add(ctx, st, false); err != nil {
+			return err
 		}
-		if o.notify {
-			if t.Wakeup, err = c.listen(ctx, db, st, cmp.Or(o.listenURL, c.databaseURL), base); err != nil {
-				return err
-			}
-		}
-		if err := g.Add(t); err != nil {
-			return c.usageError("%s", relayFlags.Replace(err.Error()))
-		}
+	}
+	for _, name := range found {
+		ts.addFound(ctx, name)
+	}
+	if o.pattern != "" {
+		go ts.watch(ctx)
 	}
 	if err := g.Run(ctx); err != nil {
 		return err
 	}
-	var total relay.Stats
-	for _, st := range g.Stats() {
-		total.Published += st.Published
-		total.Failed += st.Failed
-		total.Released += st.Released
-		total.LeasesLost += st.LeasesLost
-	}
+	total := g.Totals()
 	fmt.Fprintf(c.stdout, "relay stopped: %d published, %d failed, %d released, %d leases lost\n", total.Published, total.Failed, total.Released, total.LeasesLost)
 	return nil
 }
 
 // publisher makes the publisher every table's relay shares.
-func (o *relayOptions) publisher(logger *slog.Logger, tables int, urls []string) (*relay.AMQPPublisher, error) {
+func (o *relayOptions) publisher(logger *slog.Logger, group bool, urls []string) (*relay.AMQPPublisher, error) {
 	var topo *topology.Topology
 	if o.topologyFile != "" {
 		f, err := os.Open(o.topologyFile)
@@ -245,7 +260,7 @@ func (o *relayOptions) publisher(logger *slog.Logger, tables int, urls []string)
 		}
 	}
 	conns := o.maxConns
-	if conns == 0 && tables > 1 {
+	if conns == 0 && group {
 		conns = 2 * o.inFlight
 	}
 	return relay.NewAMQPPublisher(&relay.AMQPConfig{URLs: urls, ConnectionName: o.name, Logger: logger,
@@ -259,8 +274,8 @@ type tablesFlag []string
 func (f *tablesFlag) String() string { return strings.Join(*f, ",") }
 
 func (f *tablesFlag) Set(v string) error {
-	if v == "" {
-		return errors.New("empty: name a table")
+	if strings.TrimSpace(v) == "" {
+		return errors.New("--table is empty; give a table's name or leave the flag out")
 	}
 	if slices.Contains(*f, v) {
 		return errors.New("a table given twice")

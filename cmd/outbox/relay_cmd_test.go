@@ -93,11 +93,14 @@ func TestRelayLogLinesNameTheTable(t *testing.T) {
 	code, _, errOut := outboxCmd(t, nil, "relay", "--table", table, "--table", table)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "given twice")
-	for _, cmd := range [][]string{{"status"}, {"purge", "--older-than", "1h"}, {"inbox", "dead", "--consumer", "c"}} {
-		code, _, errOut = outboxCmd(t, nil, append(cmd, "--table", "a", "--table", "b")...)
+	for _, cmd := range [][]string{{"status"}, {"purge", "--older-than", "1h"}} { // several tables, each once
+		code, _, errOut = outboxCmd(t, nil, append(cmd, "--table", "a", "--table", "a")...)
 		require.Equal(t, 2, code, "outbox %v", cmd)
 		require.Contains(t, errOut, "given twice")
 	}
+	code, _, errOut = outboxCmd(t, nil, "inbox", "dead", "--consumer", "c", "--table", "a", "--table", "b")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "given twice")
 }
 
 // Issue 43: one relay process relays several tables (--table for each),
@@ -119,42 +122,15 @@ func TestRelayCommandRelaysSeveralTables(t *testing.T) {
 		stores = append(stores, store)
 	}
 	_, queue, deliveries := amqptest.ManualQueue(t, "cli-tables")
-	write := func(s *outbox.Store, n int) {
-		tx, err := db.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		for range n {
-			require.NoError(t, s.Add(ctx, tx, outbox.Event{Type: queue}))
-		}
-		require.NoError(t, tx.Commit())
-	}
-	received := func(n int) {
-		t.Helper()
-		for range n {
-			select {
-			case d := <-deliveries:
-				require.NoError(t, d.Ack(false))
-			case <-time.After(30 * time.Second):
-				t.Fatal("the relay published too little")
-			}
-		}
-	}
+	var stdout, stderr dbtest.Buffer
+	write := func(s *outbox.Store, n int) { t.Helper(); writeEvents(t, db, s, queue, n) }
+	received := func(n int) { t.Helper(); receive(t, deliveries, n, &stderr) }
 	write(stores[0], 5)
 	write(stores[1], 7)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	rctx, cancel := context.WithCancel(ctx)
+	addr := freeAddr(t)
+	cancel, done := startRelay(t, &stdout, &stderr, "--table", stores[0].Table(), "--table", stores[1].Table(), "--metrics-addr", addr)
 	defer cancel()
-	var stdout, stderr dbtest.Buffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(rctx, []string{"relay", "--table", stores[0].Table(), "--table", stores[1].Table(), "--metrics-addr", addr}, &stdout, &stderr,
-			func(k string) string {
-				return map[string]string{"DATABASE_URL": dbtest.URL(), "AMQP_URL": amqptest.URL()}[k]
-			})
-	}()
 	received(12)
 	require.Eventually(t, func() bool { code, _ := get(t, "http://"+addr+"/readyz"); return code == http.StatusOK }, 30*time.Second, 10*time.Millisecond, stderr.String())
 	// Each table's series, labelled with its name; both drained.
@@ -168,7 +144,7 @@ func TestRelayCommandRelaysSeveralTables(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 10*time.Millisecond, "each table's outbox_pending 0 and outbox_messages_claimed_total")
-	_, err = db.ExecContext(ctx, `DROP TABLE "`+stores[1].Table()+`" CASCADE`)
+	_, err := db.ExecContext(ctx, `DROP TABLE "`+stores[1].Table()+`" CASCADE`)
 	require.NoError(t, err)
 	var body string
 	require.Eventually(t, func() bool {
@@ -184,4 +160,95 @@ func TestRelayCommandRelaysSeveralTables(t *testing.T) {
 	require.Contains(t, stdout.String(), "relay stopped: 15 published")
 	require.Contains(t, stderr.String(), `msg="relay: Started" table=`+stores[0].Table())
 	require.Contains(t, stderr.String(), `msg="relay: Started" table=`+stores[1].Table())
+}
+
+// Issue 43: outbox relay --tables relays every table its pattern finds,
+// and those that come to match without a restart: a table created while
+// it runs is relayed within a look (--tables-every); one dropped is let
+// go (its gauges gone, readiness back) after at most one error of its
+// relay, not an error a claim; the other tables go on throughout.
+func TestRelayCommandFindsTablesAsTheyComeAndGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	tag := dbtest.TaggedSchemas(t, "a", "b")
+	schemaA, schemaB := tag+"_a", tag+"_b"
+	_, queue, deliveries := amqptest.ManualQueue(t, "cli-find")
+	var stdout, stderr dbtest.Buffer
+	write := func(s *outbox.Store, n int) { t.Helper(); writeEvents(t, db, s, queue, n) }
+	received := func(n int) { t.Helper(); receive(t, deliveries, n, &stderr) }
+	addr := freeAddr(t)
+	cancel, done := startRelay(t, &stdout, &stderr, "--tables", tag+"_*.outbox", "--tables-every", "1s", "--metrics-addr", addr)
+	defer cancel()
+	require.Eventually(t, func() bool {
+		code, body := get(t, "http://"+addr+"/readyz")
+		return code == http.StatusOK && strings.Contains(body, "no table yet")
+	},
+		30*time.Second, 10*time.Millisecond, stderr.String())
+	require.Contains(t, stderr.String(), `msg="relay: No table matches --tables yet; looking again every --tables-every"`)
+
+	// Tables of either layout appear while it runs.
+	a, err := outbox.NewStore(db, &outbox.StoreConfig{Table: schemaA + ".outbox"})
+	require.NoError(t, err)
+	require.NoError(t, a.CreateLogSchemaIfAbsent(ctx))
+	write(a, 3)
+	received(3)
+	bs, err := outbox.NewStore(db, &outbox.StoreConfig{Table: schemaB + ".outbox"})
+	require.NoError(t, err)
+	require.NoError(t, bs.CreateRowsSchemaIfAbsent(ctx))
+	write(bs, 4)
+	received(4)
+	for _, s := range []string{schemaA, schemaB} {
+		require.Contains(t, stderr.String(), `msg="relay: Relaying a new table --tables found" table=`+s+".outbox")
+	}
+	series := func(table string) bool { // the table's gauges
+		_, metrics := get(t, "http://"+addr+"/metrics")
+		return regexp.MustCompile(`\noutbox_pending\{[^}]*outbox_table="` + table + `"`).MatchString(metrics)
+	}
+	require.Eventually(t, func() bool { return series(schemaA+".outbox") && series(schemaB+".outbox") }, 30*time.Second, 10*time.Millisecond)
+
+	// One is dropped: let go; the other goes on.
+	_, err = db.ExecContext(ctx, `DROP SCHEMA "`+schemaB+`" CASCADE`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return strings.Contains(stderr.String(), `msg="relay: Let go of a table --tables no longer finds (dropped or renamed)" table=`+schemaB+".outbox")
+	}, 30*time.Second, 10*time.Millisecond, stderr.String())
+	require.False(t, series(schemaB+".outbox"), "the dropped table's gauges are gone")
+	require.Eventually(t, func() bool { code, _ := get(t, "http://"+addr+"/readyz"); return code == http.StatusOK }, 30*time.Second, 10*time.Millisecond)
+	write(a, 2)
+	received(2)
+	cancel()
+	require.Equal(t, 0, <-done, stderr.String())
+	require.Contains(t, stdout.String(), "relay stopped: 9 published")
+	var complaints int
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, schemaB+".outbox") && (strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN")) {
+			complaints++
+		}
+	}
+	require.LessOrEqual(t, complaints, 4, "the dropped table's relay complained a few times, not at every claim until the next look:\n%s", stderr.String())
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// startRelay runs outbox relay with args on the test database and broker
+// until cancel is called; done gives its exit code.
+func startRelay(t *testing.T, stdout, stderr *dbtest.Buffer, args ...string) (cancel context.CancelFunc, done <-chan int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	codes := make(chan int, 1)
+	go func() {
+		codes <- run(ctx, append([]string{"relay"}, args...), stdout, stderr, func(k string) string {
+			return map[string]string{"DATABASE_URL": dbtest.URL(), "AMQP_URL": amqptest.URL()}[k]
+		})
+	}()
+	return cancel, codes
 }

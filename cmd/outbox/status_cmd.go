@@ -16,32 +16,89 @@ import (
 	"github.com/acemq/outbox"
 )
 
-// cmdStatus is outbox status: the counts of a table's messages by state.
+// cmdStatus is outbox status: the counts of a table's messages by state;
+// of several tables, one line each.
 func cmdStatus(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("status", x, outbox.TableDefault)
-	asJSON := c.fs.Bool("json", false, "print the counts as one JSON document (keys in snake_case, ages in seconds)")
+	c := newOperatorCommon("status", x)
+	asJSON := c.fs.Bool("json", false, "print the counts as one JSON document (keys in snake_case, ages in seconds); of several tables, an array of them")
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
+	var docs []map[string]any
+	var rows []tableStatus
+	err := c.eachTable(ctx, nil, func(store *outbox.Store) error {
+		st, err := store.Stats(ctx)
+		if err != nil {
+			return c.explain(err)
+		}
+		// Only an ordered table has keys to block: an unordered one shows
+		// no blocked keys, whatever its parked messages' keys.
+		ordering, err := store.TableOrdering(ctx)
+		if err != nil {
+			return c.explain(err)
+		}
+		ordered := ordering == outbox.OrderedByKey
+		switch {
+		case *asJSON && c.several():
+			docs = append(docs, statusJSON(c.table, ordered, st))
+			return nil
+		case *asJSON:
+			return writeJSON(c.stdout, statusJSON(c.table, ordered, st))
+		case c.several():
+			rows = append(rows, tableStatus{c.table, ordered, st})
+			return nil
+		}
+		return c.printStatus(ordered, st)
+	})
+	switch {
+	case !c.several():
+	case *asJSON:
+		if docs == nil {
+			docs = []map[string]any{}
+		}
+		if werr := writeJSON(c.stdout, docs); err == nil {
+			err = werr
+		}
+	case len(rows) > 0:
+		if werr := c.printStatuses(rows); err == nil {
+			err = werr
+		}
 	}
-	defer db.Close()
-	st, err := store.Stats(ctx)
-	if err != nil {
-		return c.explain(err)
+	return err
+}
+
+// tableStatus is a table's line of outbox status of several tables.
+type tableStatus struct {
+	table   string
+	ordered bool
+	st      outbox.Stats
+}
+
+// printStatuses prints the counts of several tables, a line each.
+func (c *common) printStatuses(rows []tableStatus) error {
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "TABLE\tPENDING\tREADY\tIN FLIGHT\tRETRYING\tHELD\tPARKED\tSCHEDULED\tOLDEST PENDING\tBLOCKED KEYS\tPUBLISHED LAST HOUR\n")
+	parked := 0
+	for _, r := range rows {
+		blocked := "-" // unordered: no key to block
+		if r.ordered {
+			blocked = fmt.Sprint(r.st.BlockedKeys)
+		}
+		if r.st.Parked > 0 {
+			parked++
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\n", r.table, r.st.Pending, r.st.Ready, r.st.InFlight, r.st.Retrying, r.st.Held,
+			r.st.Parked, r.st.Scheduled, r.st.OldestPendingAge.Round(time.Second), blocked, r.st.PublishedLastHour)
 	}
-	// Only an ordered table has keys to block: an unordered one shows no
-	// blocked keys, whatever its parked messages' keys.
-	ordering, err := store.TableOrdering(ctx)
-	if err != nil {
-		return c.explain(err)
+	fmt.Fprintf(w, "\npending: every message not yet published, the six after it added up; outbox status --table TABLE explains each count\n")
+	if parked > 0 {
+		fmt.Fprintf(w, "%d table(s) have parked messages, which need a look: outbox parked --table TABLE\n", parked)
 	}
-	ordered := ordering == outbox.OrderedByKey
-	if *asJSON {
-		return writeJSON(c.stdout, statusJSON(c.table, ordered, st))
-	}
+	return w.Flush()
+}
+
+// printStatus prints the counts of c.table.
+func (c *common) printStatus(ordered bool, st outbox.Stats) error {
 	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "table\t%s\n", c.table)
 	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
@@ -76,9 +133,9 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 }
 
 func cmdParked(ctx context.Context, x *cli, args []string) error {
-	c := newCommon("parked", x, outbox.TableDefault)
-	limit := c.fs.Int("limit", 50, "most messages to list, most recently parked first")
-	asJSON := c.fs.Bool("json", false, "print the messages as one JSON array, each with its whole last error and its headers")
+	c := newOperatorCommon("parked", x)
+	limit := c.fs.Int("limit", 50, "most messages to list, most recently parked first (of each table)")
+	asJSON := c.fs.Bool("json", false, "print the messages as one JSON array, each with its whole last error and its headers (and its table, of several tables)")
 	full := c.fs.Bool("full", false, "print each message as a block, with its whole last error (lines kept) and its headers, instead of a table that cuts the error short")
 	if err := c.parse(args); err != nil {
 		return err
@@ -89,18 +146,48 @@ func cmdParked(ctx context.Context, x *cli, args []string) error {
 	if *asJSON && *full {
 		return c.usageError("--json and --full are two outputs: give one")
 	}
-	db, store, err := c.open(ctx, nil)
-	if err != nil {
-		return err
+	all := []parkedMessage{} // of several tables, with --json
+	tables, parked := 0, 0
+	err := c.eachTable(ctx, nil, func(store *outbox.Store) error {
+		msgs, err := store.Parked(ctx, *limit)
+		if err != nil {
+			return c.explain(err)
+		}
+		tables++
+		switch {
+		case *asJSON && c.several():
+			for _, m := range parkedJSON(msgs) {
+				m.Table = c.table
+				all = append(all, m)
+			}
+			return nil
+		case *asJSON:
+			return writeJSON(c.stdout, parkedJSON(msgs))
+		case c.several() && len(msgs) == 0:
+			return nil
+		case c.several():
+			if parked > 0 {
+				fmt.Fprintln(c.stdout)
+			}
+			fmt.Fprintf(c.stdout, "== table %s: %d parked message(s)\n", c.table, len(msgs))
+			parked++
+		}
+		return c.printParked(ctx, store, msgs, *full)
+	})
+	switch {
+	case !c.several():
+	case *asJSON:
+		if werr := writeJSON(c.stdout, all); err == nil {
+			err = werr
+		}
+	case parked == 0 && tables > 0:
+		fmt.Fprintf(c.stdout, "no parked messages in the %d table(s)\n", tables)
 	}
-	defer db.Close()
-	msgs, err := store.Parked(ctx, *limit)
-	if err != nil {
-		return c.explain(err)
-	}
-	if *asJSON {
-		return writeJSON(c.stdout, parkedJSON(msgs))
-	}
+	return err
+}
+
+// printParked prints the parked messages msgs of c.table (store's).
+func (c *common) printParked(ctx context.Context, store *outbox.Store, msgs []outbox.Message, full bool) error {
 	if len(msgs) == 0 {
 		fmt.Fprintln(c.stdout, "no parked messages")
 		return nil
@@ -114,7 +201,7 @@ func cmdParked(ctx context.Context, x *cli, args []string) error {
 	if ordered {
 		keyTitle = "BLOCKED KEY" // in ordered mode the key waits for this message
 	}
-	if *full {
+	if full {
 		printParkedFull(c.stdout, msgs, strings.ToLower(keyTitle))
 	} else {
 		w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
@@ -186,6 +273,7 @@ func printParkedFull(out io.Writer, msgs []outbox.Message, keyTitle string) {
 
 // parkedMessage is a parked message as outbox parked --json prints it.
 type parkedMessage struct {
+	Table      string            `json:"table,omitempty"` // of several tables
 	ID         string            `json:"id"`
 	Type       string            `json:"type"`
 	Key        string            `json:"key"`

@@ -124,17 +124,37 @@ func Schema(tb testing.TB) string {
 	var b [5]byte
 	_, _ = rand.Read(b[:])
 	schema := "s_" + hex.EncodeToString(b[:])
+	createSchema(tb, schema)
+	return schema
+}
+
+// TaggedSchemas creates a schema for each of names, "<tag>_<name>", under
+// a tag no other test uses, which it returns (a pattern "<tag>_*" finds
+// them all and nothing else), and drops them with everything in them
+// when the test ends; a schema dropped by the test meanwhile is fine.
+func TaggedSchemas(tb testing.TB, names ...string) (tag string) {
+	tb.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	tag = "f" + hex.EncodeToString(b[:])
+	for _, n := range names {
+		createSchema(tb, tag+"_"+n)
+	}
+	return tag
+}
+
+// createSchema creates schema, dropped when the test ends.
+func createSchema(tb testing.TB, schema string) {
+	tb.Helper()
 	db := DB(tb)
-	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+schema+`"`); err != nil {
+	if _, err := db.ExecContext(context.Background(), `CREATE SCHEMA "`+schema+`"`); err != nil {
 		tb.Fatalf("dbtest: creating schema: %v", err)
 	}
 	tb.Cleanup(func() {
-		if _, err := db.ExecContext(context.Background(), `DROP SCHEMA "`+schema+`" CASCADE`); err != nil {
+		if _, err := db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
 			tb.Errorf("dbtest: dropping schema %s: %v", schema, err)
 		}
 	})
-	return schema
 }
 
 // Count runs a count query and returns its result, failing the test on error.
