@@ -176,8 +176,8 @@ func (b backendOps) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges
 	return g, nil
 }
 
-func (b backendOps) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {
-	rows, err := b.be.Parked(ctx, db, limit)
+func (b backendOps) parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]Message, error) {
+	rows, err := b.be.Parked(ctx, db, q)
 	if err != nil {
 		return nil, err
 	}

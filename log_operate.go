@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/pgerr"
 	"github.com/acemq/outbox/internal/pgschema"
 )
@@ -142,11 +143,18 @@ func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges
 // logParkedSQL lists up to $1 parked messages, the latest parked first.
 const logParkedSQL = `SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
 	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at
-FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL
-ORDER BY o.parked_at DESC LIMIT $1`
+FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL` + pgParkedFilter + `
+ORDER BY o.parked_at DESC, coalesce(o.seq, 0) DESC LIMIT $1`
 
-func (ls *logStore) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {
-	rows, err := db.QueryContext(ctx, ls.parkedSQL, limit)
+// pgParkedFilter is the condition of a parked list on PostgreSQL, its
+// placeholders those of backend.ParkedQuery.Args.
+const pgParkedFilter = `
+  AND ($2::text = '' OR o.event_type = $2::text) AND ($3::text = '' OR o.event_key = $3::text)
+  AND ($4::text = '' OR strpos(coalesce(o.last_error, ''), $4::text) > 0)
+  AND ($5::bigint = 0 OR (o.parked_at, coalesce(o.seq, 0)) < ('epoch'::timestamptz + $5::bigint * interval '1 microsecond', $6::bigint))`
+
+func (ls *logStore) parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]Message, error) {
+	rows, err := db.QueryContext(ctx, ls.parkedSQL, q.Args()...)
 	if err != nil {
 		return nil, err
 	}

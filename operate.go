@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/pgschema"
 )
 
@@ -112,18 +113,52 @@ func seconds(s float64) time.Duration {
 // Parked returns up to limit parked messages, the most recently parked
 // first, with their attempt counts and last errors.
 func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
+	return s.FindParked(ctx, ParkedQuery{Limit: limit})
+}
+
+// ParkedQuery selects parked messages for FindParked. Its empty fields
+// match every message.
+type ParkedQuery struct {
+	// Limit is the most messages returned (at least 1, at most
+	// ParkedQueryMax).
+	Limit int
+	// EventType and Key, when set, match exactly.
+	EventType, Key string
+	// ErrorText, when set, is a part of the message's last error.
+	ErrorText string
+	// After continues a listing: the last message of the previous page
+	// (its ParkedAt and Seq); only the messages after it in the list's
+	// order are returned. Nil: from the most recently parked.
+	After *Message
+}
+
+// ParkedQueryMax is the largest ParkedQuery.Limit.
+const ParkedQueryMax = 1000
+
+// FindParked returns the parked messages q selects, the most recently
+// parked first (then by Seq, descending): a page of a listing that stays
+// as cheap at its thousandth page as at its first on a table of millions
+// of messages, since each page starts from where the last one ended.
+func (s *Store) FindParked(ctx context.Context, q ParkedQuery) ([]Message, error) {
 	db, err := s.pool()
 	if err != nil {
 		return nil, err
 	}
-	if limit < 1 {
-		return nil, fmt.Errorf("outbox: Parked: limit must be at least 1 (got %d)", limit)
+	if q.Limit < 1 || q.Limit > ParkedQueryMax {
+		return nil, fmt.Errorf("outbox: FindParked: limit must be from 1 to %d (got %d)", ParkedQueryMax, q.Limit)
+	}
+	bq := backend.ParkedQuery{Limit: q.Limit, EventType: q.EventType, Key: q.Key, ErrorText: q.ErrorText}
+	if q.After != nil {
+		if q.After.ParkedAt.IsZero() {
+			return nil, fmt.Errorf("outbox: FindParked: After is not a parked message (its ParkedAt is zero)")
+		}
+		bq.AfterParkedAt, bq.AfterSeq = q.After.ParkedAt.UnixMicro(), q.After.Seq
 	}
 	ops, err := s.ops(ctx)
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := ops.parked(ctx, db, limit)
+	msgs, err := ops.parked(ctx, db, bq)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked messages in %s: %w", s.t.full, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/pgschema"
 	"github.com/acemq/outbox/internal/textcut"
 )
@@ -36,7 +37,7 @@ type layoutOps interface {
 	pending(ctx context.Context, db *sql.DB) (int64, error)
 	stats(ctx context.Context, db *sql.DB) (Stats, error)
 	gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges, error)
-	parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error)
+	parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]Message, error)
 	// changeParked retries (or discards) the parked messages among ids,
 	// every parked message when ids is nil.
 	changeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
@@ -209,8 +210,8 @@ func (r rowsOps) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges, e
 	return g, nil
 }
 
-func (r rowsOps) parked(ctx context.Context, db *sql.DB, limit int) ([]Message, error) {
-	rows, err := db.QueryContext(ctx, r.q.parked, limit)
+func (r rowsOps) parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]Message, error) {
+	rows, err := db.QueryContext(ctx, r.q.parked, q.Args()...)
 	if err != nil {
 		return nil, err
 	}

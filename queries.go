@@ -149,8 +149,8 @@ SELECT live.ready, live.in_flight, live.retrying, held.n, parked.n,
 FROM live, held, parked`),
 
 		parked: r2(`SELECT {columns} FROM {table} AS o
-WHERE {parked}
-ORDER BY parked_at DESC, id
+WHERE {parked}` + pgParkedFilter + `
+ORDER BY o.parked_at DESC, coalesce(o.seq, 0) DESC
 LIMIT $1`),
 
 		// Re-arming or discarding a parked message brings back the

@@ -121,8 +121,9 @@ type Backend interface {
 	// Counts reads the table's messages by state, each count stopping at
 	// limit (0: no limit, and PublishedLastHour is read too).
 	Counts(ctx context.Context, db *sql.DB, limit int64) (Counts, error)
-	// Parked lists up to limit parked messages, the latest parked first.
-	Parked(ctx context.Context, db *sql.DB, limit int) ([]Row, error)
+	// Parked lists up to q.Limit parked messages that match q, the
+	// latest parked first (by parked_at, then seq, both descending).
+	Parked(ctx context.Context, db *sql.DB, q ParkedQuery) ([]Row, error)
 	// ChangeParked retries (or discards) the parked messages among ids,
 	// every parked message when ids is nil (retry only), and returns how
 	// many it changed; the messages held behind them come back.
@@ -165,3 +166,21 @@ type Backend interface {
 // NoneDue is what Promote returns as the next due time when no delayed
 // message waits.
 const NoneDue = time.Duration(math.MaxInt64)
+
+// ParkedQuery selects parked messages: at most Limit, those whose type
+// and key are EventType and Key and whose last error contains ErrorText
+// (each "" for any), parked before the message at (AfterParkedAt,
+// AfterSeq) in the list's order (AfterParkedAt zero: from the first).
+// AfterParkedAt is in microseconds since the epoch, exact on every
+// database this module supports.
+type ParkedQuery struct {
+	Limit                     int
+	EventType, Key, ErrorText string
+	AfterParkedAt, AfterSeq   int64
+}
+
+// Args are q's values in the order of ParkedConditions' placeholders,
+// from the second on (the first is the limit).
+func (q ParkedQuery) Args() []any {
+	return []any{q.Limit, q.EventType, q.Key, q.ErrorText, q.AfterParkedAt, q.AfterSeq}
+}

@@ -186,7 +186,10 @@ FROM {table} FORCE INDEX (state_idx) WHERE published_at IS NULL`),
 
 		parkedList: r(`SELECT {columns} FROM {table} FORCE INDEX (state_idx)
 WHERE {parked}
-ORDER BY parked_at DESC, seq
+  AND (? = '' OR event_type = ?) AND (? = '' OR event_key = ?)
+  AND (? = '' OR LOCATE(?, coalesce(last_error, '')) > 0)
+  AND (? = 0 OR (parked_at, seq) < (TIMESTAMP '1970-01-01 00:00:00' + INTERVAL ? MICROSECOND, ?))
+ORDER BY parked_at DESC, seq DESC
 LIMIT ?`),
 
 		retryAll: r(`UPDATE {table} SET parked_at = NULL, attempts = 0, available_at = {now} WHERE {parked}`),

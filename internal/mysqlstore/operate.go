@@ -36,8 +36,9 @@ func (s *Store) Counts(ctx context.Context, db *sql.DB, limit int64) (backend.Co
 }
 
 // Parked implements backend.Backend.
-func (s *Store) Parked(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
-	rows, err := db.QueryContext(ctx, s.q.parkedList, limit)
+func (s *Store) Parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]backend.Row, error) {
+	rows, err := db.QueryContext(ctx, s.q.parkedList, q.EventType, q.EventType, q.Key, q.Key, q.ErrorText, q.ErrorText,
+		q.AfterParkedAt, q.AfterParkedAt, q.AfterSeq, q.Limit)
 	if err != nil {
 		return nil, err
 	}
