@@ -1,0 +1,341 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/acemq/outbox"
+)
+
+// tableView is one table's line of the overview.
+type tableView struct {
+	Name     string
+	Layout   string
+	Ordering string
+	Stats    outbox.Stats
+	Err      string
+}
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	var views []tableView
+	for _, name := range c.names {
+		s := c.stores[name]
+		v := tableView{Name: name}
+		st, err := s.Stats(ctx)
+		if err == nil {
+			v.Stats = st
+			var l outbox.Layout
+			if l, err = s.Layout(ctx); err == nil {
+				v.Layout = l.String()
+				var o outbox.Ordering
+				if o, err = s.TableOrdering(ctx); err == nil {
+					v.Ordering = o.String()
+				}
+			}
+		}
+		if err != nil {
+			v.Err = err.Error()
+		}
+		views = append(views, v)
+	}
+	c.render(w, r, "overview.html", map[string]any{"Tables": views})
+}
+
+// filter is what a list of parked messages shows, read from a request's
+// query (or form).
+type filter struct {
+	Table, Type, Key, Error string
+	After                   string // "<parked_at µs>.<seq>" of the last message of the previous page
+}
+
+func readFilter(v url.Values) filter {
+	return filter{Table: v.Get("table"), Type: v.Get("type"), Key: v.Get("key"), Error: v.Get("error"), After: v.Get("after")}
+}
+
+// query is the filter's outbox.ParkedQuery.
+func (f filter) query(limit int) (outbox.ParkedQuery, error) {
+	q := outbox.ParkedQuery{Limit: limit, EventType: f.Type, Key: f.Key, ErrorText: f.Error}
+	if f.After != "" {
+		at, seq, ok := strings.Cut(f.After, ".")
+		us, err1 := strconv.ParseInt(at, 10, 64)
+		n, err2 := strconv.ParseInt(seq, 10, 64)
+		if !ok || err1 != nil || err2 != nil || us <= 0 {
+			return q, fmt.Errorf("the page's cursor %q is not one this console made", f.After)
+		}
+		q.After = &outbox.Message{ParkedAt: time.UnixMicro(us), Seq: n}
+	}
+	return q, nil
+}
+
+// values are the filter's fields as a query, without the cursor.
+func (f filter) values() url.Values {
+	v := url.Values{"table": {f.Table}}
+	for k, s := range map[string]string{"type": f.Type, "key": f.Key, "error": f.Error} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+func (c *console) store(w http.ResponseWriter, r *http.Request, name string) *outbox.Store {
+	if name == "" && len(c.names) == 1 {
+		name = c.names[0]
+	}
+	s := c.stores[name]
+	if s == nil {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no table %q in this console", name))
+	}
+	return s
+}
+
+func (c *console) parked(w http.ResponseWriter, r *http.Request) {
+	f := readFilter(r.URL.Query())
+	s := c.store(w, r, f.Table)
+	if s == nil {
+		return
+	}
+	f.Table = s.Table()
+	q, err := f.query(PageSize + 1)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	msgs, err := s.FindParked(ctx, q)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	var next string
+	if len(msgs) > PageSize {
+		msgs = msgs[:PageSize]
+		last := msgs[len(msgs)-1]
+		v := f.values()
+		v.Set("after", fmt.Sprintf("%d.%d", last.ParkedAt.UnixMicro(), last.Seq))
+		next = "parked?" + v.Encode()
+	}
+	c.render(w, r, "parked.html", map[string]any{
+		"Filter": f, "Messages": msgs, "Next": next, "Done": r.URL.Query().Get("done"),
+		"FilterQuery": f.values().Encode(),
+	})
+}
+
+func (c *console) delayed(w http.ResponseWriter, r *http.Request) {
+	s := c.store(w, r, r.URL.Query().Get("table"))
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	msgs, err := s.Scheduled(ctx, PageSize)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	c.render(w, r, "delayed.html", map[string]any{"Table": s.Table(), "Messages": msgs, "Done": r.URL.Query().Get("done")})
+}
+
+// action is what a confirmation asks and an act does.
+type action struct {
+	Name   string // retry, discard, publish-now
+	Filter filter
+	IDs    []string // the messages chosen; none: every parked one the filter matches (retry, discard)
+}
+
+func readAction(v url.Values) (action, error) {
+	a := action{Name: v.Get("action"), Filter: readFilter(v), IDs: v["id"]}
+	a.Filter.After = ""
+	switch a.Name {
+	case "retry", "discard":
+	case "publish-now":
+		if len(a.IDs) == 0 {
+			return a, fmt.Errorf("publish-now needs the delayed messages chosen")
+		}
+	default:
+		return a, fmt.Errorf("no action %q: retry, discard or publish-now", a.Name)
+	}
+	if v.Get("scope") != "filter" && len(a.IDs) == 0 {
+		return a, fmt.Errorf("no message chosen: tick some, or act on every message the filter shows")
+	}
+	if v.Get("scope") == "filter" {
+		a.IDs = nil
+	}
+	if len(a.IDs) > BulkMax {
+		return a, fmt.Errorf("%d messages chosen: at most %d at once", len(a.IDs), BulkMax)
+	}
+	return a, nil
+}
+
+// targets are the messages a retry or discard by filter would change, at
+// most BulkMax.
+func (c *console) targets(ctx context.Context, s *outbox.Store, f filter) ([]outbox.Message, error) {
+	var all []outbox.Message
+	q, _ := f.query(outbox.ParkedQueryMax)
+	q.After = nil
+	for len(all) < BulkMax {
+		q.Limit = min(outbox.ParkedQueryMax, BulkMax-len(all))
+		page, err := s.FindParked(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if len(page) < q.Limit {
+			break
+		}
+		q.After = &all[len(all)-1]
+	}
+	return all, nil
+}
+
+func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.ReadOnly {
+		c.fail(w, r, http.StatusForbidden, "this console is read-only")
+		return
+	}
+	a, err := readAction(r.URL.Query())
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	s := c.store(w, r, a.Filter.Table)
+	if s == nil {
+		return
+	}
+	a.Filter.Table = s.Table()
+	back := "parked?" + a.Filter.values().Encode()
+	if a.Name == "publish-now" {
+		back = "delayed?table=" + url.QueryEscape(s.Table())
+	}
+	data := map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)], "ByFilter": a.IDs == nil, "Back": back}
+	if a.IDs == nil {
+		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+		defer cancel()
+		msgs, err := c.targets(ctx, s, a.Filter)
+		if err != nil {
+			c.fail(w, r, http.StatusInternalServerError, err.Error())
+			return
+		}
+		var sample []string
+		for _, m := range msgs[:min(len(msgs), 20)] {
+			sample = append(sample, m.ID)
+		}
+		data["Count"], data["Sample"], data["Capped"] = len(msgs), sample, len(msgs) == BulkMax
+	}
+	c.render(w, r, "confirm.html", data)
+}
+
+func (c *console) act(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusRequestEntityTooLarge, "the request is too large or malformed")
+		return
+	}
+	if !c.csrfValid(r) {
+		c.fail(w, r, http.StatusForbidden, "the form's CSRF token is missing or wrong: reload the page and try again")
+		return
+	}
+	if c.cfg.ReadOnly {
+		c.fail(w, r, http.StatusForbidden, "this console is read-only")
+		return
+	}
+	a, err := readAction(r.PostForm)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	s := c.store(w, r, a.Filter.Table)
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	ids := a.IDs
+	if ids == nil {
+		msgs, err := c.targets(ctx, s, a.Filter)
+		if err != nil {
+			c.fail(w, r, http.StatusInternalServerError, err.Error())
+			return
+		}
+		for _, m := range msgs {
+			ids = append(ids, m.ID)
+		}
+	}
+	var n int64
+	switch {
+	case len(ids) == 0:
+	case a.Name == "retry":
+		n, err = s.Retry(ctx, ids...)
+	case a.Name == "discard":
+		n, err = s.Discard(ctx, ids...)
+	default:
+		n, err = s.PublishNow(ctx, ids...)
+	}
+	c.log.Info("console: "+a.Name, "table", s.Table(), "by", who(r), "asked", len(ids), "changed", n,
+		"by_filter", a.IDs == nil, "type", a.Filter.Type, "key", a.Filter.Key, "error_text", a.Filter.Error, "err", err)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	page, v := "parked", a.Filter.values()
+	if a.Name == "publish-now" {
+		page, v = "delayed", url.Values{"table": {s.Table()}}
+	}
+	v.Set("done", fmt.Sprintf("%s: %d of %d messages", a.Name, n, len(ids)))
+	http.Redirect(w, r, page+"?"+v.Encode(), http.StatusSeeOther)
+}
+
+func (c *console) render(w http.ResponseWriter, r *http.Request, page string, data map[string]any) {
+	data["CSRF"], data["ReadOnly"], data["Tables"+"List"] = c.csrfToken(r), c.cfg.ReadOnly, c.names
+	var buf bytes.Buffer
+	if err := pages.ExecuteTemplate(&buf, page, data); err != nil {
+		c.log.Error("console: rendering a page", "page", page, "err", err)
+		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = buf.WriteTo(w)
+}
+
+func (c *console) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	var buf bytes.Buffer
+	_ = pages.ExecuteTemplate(&buf, "error.html", map[string]any{"Code": code, "Message": msg, "TablesList": c.names})
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = buf.WriteTo(w)
+}
+
+// age says how long d is, to a second past a minute.
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "–"
+	case d < time.Minute:
+		return d.Round(time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// preview is at most PayloadPreviewMax bytes of b as text, cut at a
+// character, said so when cut.
+func preview(b []byte) string {
+	if len(b) <= PayloadPreviewMax {
+		return strings.ToValidUTF8(string(b), "\uFFFD")
+	}
+	cut := b[:PayloadPreviewMax]
+	for i := 0; i < utf8.UTFMax-1 && len(cut) > 0 && !utf8.RuneStart(b[len(cut)]); i++ {
+		cut = cut[:len(cut)-1] // not in the middle of a character
+	}
+	return strings.ToValidUTF8(string(cut), "\uFFFD") + fmt.Sprintf(" … (%d bytes in all)", len(b))
+}
