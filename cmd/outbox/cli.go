@@ -31,6 +31,7 @@ Usage:
   outbox discard [flags] ID...       give up on parked messages, keeping their record
   outbox scheduled [flags] [ID...]   list delayed messages (--publish-now or --discard ID...)
   outbox purge   --older-than 168h   delete published messages older than that
+  outbox console [flags]             the operator's console in the browser (--addr 127.0.0.1:8080)
   outbox schema  [flags]             print the table's DDL (--apply creates it; --layout rows|log; --ordered)
   outbox convert --to log|ordered|unordered
                                      turn a table of the rows layout into one of the log layout, or make it
@@ -69,6 +70,7 @@ var commands = map[string]command{
 	"retry":     cmdRetry,
 	"discard":   cmdDiscard,
 	"scheduled": cmdScheduled,
+	"console":   cmdConsole,
 	"purge":     cmdPurge,
 	"schema":    cmdSchema,
 	"convert":   cmdConvert,

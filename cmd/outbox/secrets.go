@@ -156,6 +156,18 @@ func (s *secrets) addDSN(dsns ...string) {
 	}
 }
 
+// add adds secrets given whole (a token, a password), those long enough
+// to be told from ordinary text.
+func (s *secrets) add(secrets ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range secrets {
+		if len(p) >= secretMin {
+			s.list = append(s.list, p)
+		}
+	}
+}
+
 func (s *secrets) scrub(text string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/console"
+)
+
+// consoleLimits bound what the console's clients can hold.
+var consoleLimits = serveLimits{readHeader: 5 * time.Second, write: 30 * time.Second, idle: 60 * time.Second, maxConns: 32}
+
+// cmdConsole serves the operator's console (package console) until its
+// context ends.
+func cmdConsole(ctx context.Context, x *cli, args []string) error {
+	c := newOperatorCommon("console", x)
+	addr := c.fs.String("addr", "127.0.0.1:8080", "the `address` to serve on; other than loopback only with credentials: OUTBOX_CONSOLE_TOKEN, or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD, from the environment")
+	readOnly := c.fs.Bool("read-only", false, "show, never act: no retry, discard or publish-now")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	cfg := console.Config{
+		Token: c.getenv("OUTBOX_CONSOLE_TOKEN"), User: c.getenv("OUTBOX_CONSOLE_USER"), Password: c.getenv("OUTBOX_CONSOLE_PASSWORD"),
+		ReadOnly: *readOnly,
+	}
+	c.secrets.add(cfg.Token, cfg.Password)
+	if (cfg.User == "") != (cfg.Password == "") {
+		return c.usageError("OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD go together: set both or neither")
+	}
+	loopback, err := isLoopback(*addr)
+	if err != nil {
+		return c.usageError("--addr %s: %v", *addr, err)
+	}
+	if !loopback && !cfg.HasCredentials() {
+		return c.usageError("--addr %s is reachable from other machines, and no credentials are set: set OUTBOX_CONSOLE_TOKEN (or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD) in the environment, or serve on 127.0.0.1", *addr)
+	}
+	names := slices.Clone(c.tables)
+	if len(names) == 0 && c.pattern == "" {
+		names = []string{outbox.TableDefault}
+	}
+	for _, t := range names { // a bad name needs no connection
+		if _, err := outbox.NewStore(nil, &outbox.StoreConfig{Table: t}); err != nil {
+			return c.usageError("--table: %v", err)
+		}
+	}
+	db, err := c.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(4) // a page's statements run one after another
+	if c.pattern != "" {
+		found, err := outbox.FindTables(ctx, db, c.pattern)
+		if err != nil {
+			return c.explain(err)
+		}
+		for _, t := range found {
+			if !slices.Contains(names, t) {
+				names = append(names, t)
+			}
+		}
+		if len(names) == 0 {
+			return fmt.Errorf("no outbox table matches --tables %s", c.pattern)
+		}
+	}
+	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
+	for _, t := range names {
+		s, err := outbox.NewStore(db, &outbox.StoreConfig{Table: t, Logger: logger})
+		if err != nil {
+			return err
+		}
+		cfg.Stores = append(cfg.Stores, s)
+	}
+	cfg.Logger = logger
+	h, err := console.Handler(cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", *addr, err)
+	}
+	srv := serveHTTP(ln, h, consoleLimits, logger)
+	logger.Info("console: Serving", slog.String("url", "http://"+ln.Addr().String()+"/"), slog.Int("tables", len(names)),
+		slog.Bool("authenticated", cfg.HasCredentials()), slog.Bool("read_only", cfg.ReadOnly))
+	<-ctx.Done()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// isLoopback says whether addr's host is a loopback address (or
+// localhost); an empty host is every interface.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, err
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
