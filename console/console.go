@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
 )
 
 // PayloadPreviewMax is the most bytes of a payload a page shows.
@@ -66,6 +67,9 @@ type Config struct {
 	// Stores are the tables the console shows, one Store each, all of
 	// distinct tables (at least one).
 	Stores []*outbox.Store
+	// Inboxes are the consumers' inboxes whose dead letters the console
+	// shows and retries (each a consumer of a table; optional).
+	Inboxes []*inbox.Inbox
 	// Token, when set, is required of every request: as the password of
 	// HTTP basic authentication (any user name) or as a bearer token.
 	Token string
@@ -95,11 +99,13 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 }).ParseFS(assets, "assets/*.html"))
 
 type console struct {
-	cfg    Config
-	stores map[string]*outbox.Store
-	names  []string
-	secret []byte
-	log    *slog.Logger
+	cfg        Config
+	stores     map[string]*outbox.Store
+	names      []string
+	inboxes    map[string]*inbox.Inbox // by inboxName
+	inboxNames []string
+	secret     []byte
+	log        *slog.Logger
 }
 
 // Handler returns the console's handler for cfg's tables. It refuses a
@@ -115,7 +121,7 @@ func Handler(cfg Config) (http.Handler, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
-	c := &console{cfg: cfg, stores: map[string]*outbox.Store{}, log: cfg.Logger, secret: make([]byte, 32)}
+	c := &console{cfg: cfg, stores: map[string]*outbox.Store{}, inboxes: map[string]*inbox.Inbox{}, log: cfg.Logger, secret: make([]byte, 32)}
 	if c.log == nil {
 		c.log = slog.Default()
 	}
@@ -129,6 +135,17 @@ func Handler(cfg Config) (http.Handler, error) {
 		c.stores[s.Table()] = s
 		c.names = append(c.names, s.Table())
 	}
+	for i, ib := range cfg.Inboxes {
+		if ib == nil {
+			return nil, fmt.Errorf("console: Config.Inboxes[%d] is nil", i)
+		}
+		name := inboxName(ib)
+		if _, dup := c.inboxes[name]; dup {
+			return nil, fmt.Errorf("console: inbox %s is given twice", name)
+		}
+		c.inboxes[name] = ib
+		c.inboxNames = append(c.inboxNames, name)
+	}
 	if _, err := rand.Read(c.secret); err != nil {
 		return nil, fmt.Errorf("console: making the CSRF secret: %w", err)
 	}
@@ -136,6 +153,7 @@ func Handler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /parked", c.parked)
 	mux.HandleFunc("GET /delayed", c.delayed)
+	mux.HandleFunc("GET /inbox", c.inboxDead)
 	mux.HandleFunc("GET /confirm", c.confirm)
 	mux.HandleFunc("POST /act", c.act)
 	static, err := fs.Sub(assets, "assets")
@@ -229,3 +247,6 @@ func dict(kv ...any) (map[string]any, error) {
 	}
 	return m, nil
 }
+
+// inboxName names an inbox on the pages: its consumer and table.
+func inboxName(ib *inbox.Inbox) string { return ib.ConsumerName() + "@" + ib.Table() }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,10 +15,12 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/console"
+	"github.com/acemq/outbox/inbox"
 	"github.com/acemq/outbox/internal/dbtest"
 	"github.com/acemq/outbox/internal/syncbuf"
 )
@@ -220,4 +223,54 @@ func TestConsoleRefusesMisuse(t *testing.T) {
 	big.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	h.ServeHTTP(rec, big)
 	require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, "a body past 64 KiB")
+}
+
+// An inbox's dead letters are listed, and made eligible again after a
+// confirmation, by a POST with the page's token.
+func TestConsoleRetriesInboxDeadLetters(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	ib, err := inbox.New(db, &inbox.Config{Consumer: "billing", Table: dbtest.Table(t), MaxAttempts: 1})
+	require.NoError(t, err)
+	require.NoError(t, ib.CreateSchemaIfAbsent(ctx))
+	fail := func(context.Context, *sql.Tx, *amqp.Delivery) error { return errors.New("card <declined>") }
+	for _, id := range []string{"m-1", "m-2"} {
+		_, _ = ib.Handle(ctx, &amqp.Delivery{MessageId: id}, fail)
+	}
+	recs, err := ib.Records(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, recs.Dead)
+	_, s, _ := parkedTable(t, []string{"no"}, outbox.Event{Type: "a"})
+	h, err := console.Handler(console.Config{Stores: []*outbox.Store{s}, Inboxes: []*inbox.Inbox{ib}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := srv.Client()
+	name := "billing@" + ib.Table()
+
+	code, body := get(t, c, srv.URL+"/")
+	require.Equal(t, http.StatusOK, code)
+	require.Regexp(t, `class="n dead"><a[^>]*>2<`, body)
+	code, body = get(t, c, srv.URL+"/inbox?inbox="+url.QueryEscape(name))
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 2, strings.Count(body, `class="dead"`))
+	require.Contains(t, body, "card &lt;declined&gt;")
+	code, body = get(t, c, srv.URL+"/confirm?action=inbox-retry&inbox="+url.QueryEscape(name)+"&id=m-1")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "inbox-retry 1 message of "+name)
+	token := csrfField.FindStringSubmatch(body)
+	require.NotNil(t, token)
+	resp, err := c.PostForm(srv.URL+"/act", url.Values{"action": {"inbox-retry"}, "inbox": {name}, "id": {"m-1"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "without the token")
+	resp, err = c.PostForm(srv.URL+"/act", url.Values{"action": {"inbox-retry"}, "inbox": {name}, "id": {"m-1"}, "csrf": {token[1]}})
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(b), "inbox-retry: 1 of 1 messages")
+	recs, err = ib.Records(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, recs.Dead)
 }

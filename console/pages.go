@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
 )
 
 // tableView is one table's line of the overview.
@@ -47,8 +48,45 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		views = append(views, v)
 	}
-	c.render(w, r, "overview.html", map[string]any{"Tables": views})
+	type inboxView struct {
+		Name, Consumer, Table string
+		Records               inbox.Records
+		Err                   string
+	}
+	var inboxes []inboxView
+	for _, name := range c.inboxNames {
+		ib := c.inboxes[name]
+		v := inboxView{Name: name, Consumer: ib.ConsumerName(), Table: ib.Table()}
+		recs, err := ib.Records(ctx)
+		if err != nil {
+			v.Err = err.Error()
+		}
+		v.Records = recs
+		inboxes = append(inboxes, v)
+	}
+	c.render(w, r, "overview.html", map[string]any{"Tables": views, "Inboxes": inboxes})
 }
+
+// inboxDead lists an inbox's dead letters, the oldest first.
+func (c *console) inboxDead(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("inbox")
+	ib := c.inboxes[name]
+	if ib == nil {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no inbox %q in this console", name))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	dead, err := ib.Dead(ctx, DeadMax)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	c.render(w, r, "inbox.html", map[string]any{"Inbox": name, "Dead": dead, "Done": r.URL.Query().Get("done"), "Max": DeadMax})
+}
+
+// DeadMax is the most dead letters an inbox's page lists.
+const DeadMax = 200
 
 // filter is what a list of parked messages shows, read from a request's
 // query (or form).
@@ -151,16 +189,17 @@ type action struct {
 	Name   string // retry, discard, publish-now
 	Filter filter
 	IDs    []string // the messages chosen; none: every parked one the filter matches (retry, discard)
+	Inbox  string   // the inbox of an inbox-retry
 }
 
 func readAction(v url.Values) (action, error) {
-	a := action{Name: v.Get("action"), Filter: readFilter(v), IDs: v["id"]}
+	a := action{Name: v.Get("action"), Filter: readFilter(v), IDs: v["id"], Inbox: v.Get("inbox")}
 	a.Filter.After = ""
 	switch a.Name {
 	case "retry", "discard":
-	case "publish-now":
+	case "publish-now", "inbox-retry":
 		if len(a.IDs) == 0 {
-			return a, fmt.Errorf("publish-now needs the delayed messages chosen")
+			return a, fmt.Errorf("%s needs the messages chosen", a.Name)
 		}
 	default:
 		return a, fmt.Errorf("no action %q: retry, discard or publish-now", a.Name)
@@ -208,6 +247,15 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
+	if a.Name == "inbox-retry" {
+		if c.inboxes[a.Inbox] == nil {
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no inbox %q in this console", a.Inbox))
+			return
+		}
+		c.render(w, r, "confirm.html", map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)],
+			"Back": "inbox?inbox=" + url.QueryEscape(a.Inbox), "Of": a.Inbox})
+		return
+	}
 	s := c.store(w, r, a.Filter.Table)
 	if s == nil {
 		return
@@ -217,7 +265,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 	if a.Name == "publish-now" {
 		back = "delayed?table=" + url.QueryEscape(s.Table())
 	}
-	data := map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)], "ByFilter": a.IDs == nil, "Back": back}
+	data := map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)], "ByFilter": a.IDs == nil, "Back": back, "Of": s.Table()}
 	if a.IDs == nil {
 		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
 		defer cancel()
@@ -252,6 +300,10 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 	a, err := readAction(r.PostForm)
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if a.Name == "inbox-retry" {
+		c.inboxRetry(w, r, a)
 		return
 	}
 	s := c.store(w, r, a.Filter.Table)
@@ -338,4 +390,23 @@ func preview(b []byte) string {
 		cut = cut[:len(cut)-1] // not in the middle of a character
 	}
 	return strings.ToValidUTF8(string(cut), "\uFFFD") + fmt.Sprintf(" … (%d bytes in all)", len(b))
+}
+
+// inboxRetry makes an inbox's dead letters eligible again.
+func (c *console) inboxRetry(w http.ResponseWriter, r *http.Request, a action) {
+	ib := c.inboxes[a.Inbox]
+	if ib == nil {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no inbox %q in this console", a.Inbox))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	n, err := ib.Retry(ctx, a.IDs...)
+	c.log.Info("console: inbox-retry", "table", ib.Table(), "consumer", ib.ConsumerName(), "by", who(r), "asked", len(a.IDs), "changed", n, "err", err)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	v := url.Values{"inbox": {a.Inbox}, "done": {fmt.Sprintf("inbox-retry: %d of %d messages", n, len(a.IDs))}}
+	http.Redirect(w, r, "inbox?"+v.Encode(), http.StatusSeeOther)
 }

@@ -153,6 +153,10 @@ WHERE consumer = $1 AND received_at < now() - $2::bigint * interval '1 microseco
 // Table returns the inbox table's name, as configured.
 func (ib *Inbox) Table() string { return ib.name }
 
+// ConsumerName is the consumer whose records this Inbox keeps
+// (Config.Consumer).
+func (ib *Inbox) ConsumerName() string { return ib.consumer }
+
 // DropSchema returns the DDL that drops an inbox table: the down
 // migration.
 func DropSchema(table string) (string, error) {
