@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/console"
+	"github.com/acemq/outbox/inbox"
 )
 
 // consoleLimits bound what the console's clients can hold.
@@ -23,6 +25,8 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 	c := newOperatorCommon("console", x)
 	addr := c.fs.String("addr", "127.0.0.1:8080", "the `address` to serve on; other than loopback only with credentials: OUTBOX_CONSOLE_TOKEN, or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD, from the environment")
 	readOnly := c.fs.Bool("read-only", false, "show, never act: no retry, discard or publish-now")
+	var inboxes tablesFlag
+	c.fs.Var(&inboxes, "inbox", "a consumer's inbox to show, as `CONSUMER@TABLE` (its dead letters; once for each)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -77,6 +81,17 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 			return err
 		}
 		cfg.Stores = append(cfg.Stores, s)
+	}
+	for _, spec := range inboxes {
+		consumer, table, ok := strings.Cut(spec, "@")
+		if !ok || consumer == "" || table == "" {
+			return c.usageError("--inbox %q: give CONSUMER@TABLE, e.g. billing@inbox", spec)
+		}
+		ib, err := inbox.New(db, &inbox.Config{Consumer: consumer, Table: table, Logger: logger})
+		if err != nil {
+			return c.usageError("--inbox %q: %v", spec, err)
+		}
+		cfg.Inboxes = append(cfg.Inboxes, ib)
 	}
 	cfg.Logger = logger
 	h, err := console.Handler(cfg)
