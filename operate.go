@@ -113,7 +113,10 @@ func seconds(s float64) time.Duration {
 // Parked returns up to limit parked messages, the most recently parked
 // first, with their attempt counts and last errors.
 func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {
-	return s.FindParked(ctx, ParkedQuery{Limit: limit})
+	if limit < 1 {
+		return nil, fmt.Errorf("outbox: Parked: limit must be at least 1 (got %d)", limit)
+	}
+	return s.findParked(ctx, ParkedQuery{Limit: limit})
 }
 
 // ParkedQuery selects parked messages for FindParked. Its empty fields
@@ -140,12 +143,16 @@ const ParkedQueryMax = 1000
 // as cheap at its thousandth page as at its first on a table of millions
 // of messages, since each page starts from where the last one ended.
 func (s *Store) FindParked(ctx context.Context, q ParkedQuery) ([]Message, error) {
+	if q.Limit < 1 || q.Limit > ParkedQueryMax {
+		return nil, fmt.Errorf("outbox: FindParked: limit must be from 1 to %d (got %d)", ParkedQueryMax, q.Limit)
+	}
+	return s.findParked(ctx, q)
+}
+
+func (s *Store) findParked(ctx context.Context, q ParkedQuery) ([]Message, error) {
 	db, err := s.pool()
 	if err != nil {
 		return nil, err
-	}
-	if q.Limit < 1 || q.Limit > ParkedQueryMax {
-		return nil, fmt.Errorf("outbox: FindParked: limit must be from 1 to %d (got %d)", ParkedQueryMax, q.Limit)
 	}
 	bq := backend.ParkedQuery{Limit: q.Limit, EventType: q.EventType, Key: q.Key, ErrorText: q.ErrorText}
 	if q.After != nil {

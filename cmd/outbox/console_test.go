@@ -295,3 +295,38 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, 0, <-done, logs.String())
 	require.NotContains(t, logs.String(), "s3cret-token")
 }
+
+// Issue 44: the console adds no load on the database while no page is
+// open: after it starts, its sessions run no statement over a window of
+// two seconds (their state_change stays put, and no session comes), and
+// a page asked for then is served by them.
+func TestConsoleQueriesNothingWhileNoPageIsOpen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t)})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchemaIfAbsent(ctx))
+	app := "console_" + store.Table()[len(store.Table())-10:]
+	url, _, stop, done := startConsole(t, map[string]string{"DATABASE_URL": dbtest.URLWith(t, "application_name", app)},
+		"--addr", "127.0.0.1:0", "--table", store.Table())
+	defer stop()
+	sessions := func() string {
+		t.Helper()
+		var s string
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT coalesce(string_agg(pid || ':' || state_change, ',' ORDER BY pid), '')
+			FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&s))
+		return s
+	}
+	before := sessions()
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		require.Equal(t, before, sessions(), "a statement ran with no page open")
+		time.Sleep(100 * time.Millisecond) // sampling a window, not waiting for an event
+	}
+	code, _ := get(t, url)
+	require.Equal(t, http.StatusOK, code)
+	require.NotEqual(t, before, sessions(), "the page's statements show (the check can see them)")
+	stop()
+	require.Equal(t, 0, <-done)
+}
