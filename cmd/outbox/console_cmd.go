@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,40 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 	if !loopback && !cfg.HasCredentials() {
 		return c.usageError("--addr %s is reachable from other machines, and no credentials are set: set OUTBOX_CONSOLE_TOKEN (or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD) in the environment, or serve on 127.0.0.1", *addr)
 	}
+	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
+	db, err := c.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(4) // a page's statements run one after another
+	if err := c.consoleSources(ctx, db, &cfg, inboxes, logger); err != nil {
+		return err
+	}
+	cfg.Logger = logger
+	h, err := console.Handler(cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", *addr, err)
+	}
+	srv := serveHTTP(ln, h, consoleLimits, logger)
+	logger.Info("console: Serving", slog.String("url", "http://"+ln.Addr().String()+"/"), slog.Int("tables", len(cfg.Stores)), slog.Int("inboxes", len(cfg.Inboxes)),
+		slog.Bool("authenticated", cfg.HasCredentials()), slog.Bool("read_only", cfg.ReadOnly))
+	<-ctx.Done()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// consoleSources opens a store for each table of --table and --tables,
+// and an inbox for each --inbox, into cfg.
+func (c *common) consoleSources(ctx context.Context, db *sql.DB, cfg *console.Config, inboxes []string, logger *slog.Logger) error {
 	names := slices.Clone(c.tables)
 	if len(names) == 0 && c.pattern == "" {
 		names = []string{outbox.TableDefault}
@@ -54,12 +89,6 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 			return c.usageError("--table: %v", err)
 		}
 	}
-	db, err := c.openDB(ctx)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(4) // a page's statements run one after another
 	if c.pattern != "" {
 		found, err := outbox.FindTables(ctx, db, c.pattern)
 		if err != nil {
@@ -74,7 +103,6 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 			return fmt.Errorf("no outbox table matches --tables %s", c.pattern)
 		}
 	}
-	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
 	for _, t := range names {
 		s, err := outbox.NewStore(db, &outbox.StoreConfig{Table: t, Logger: logger})
 		if err != nil {
@@ -92,24 +120,6 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 			return c.usageError("--inbox %q: %v", spec, err)
 		}
 		cfg.Inboxes = append(cfg.Inboxes, ib)
-	}
-	cfg.Logger = logger
-	h, err := console.Handler(cfg)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", *addr, err)
-	}
-	srv := serveHTTP(ln, h, consoleLimits, logger)
-	logger.Info("console: Serving", slog.String("url", "http://"+ln.Addr().String()+"/"), slog.Int("tables", len(names)),
-		slog.Bool("authenticated", cfg.HasCredentials()), slog.Bool("read_only", cfg.ReadOnly))
-	<-ctx.Done()
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
 	}
 	return nil
 }
