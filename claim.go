@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/acemq/outbox/internal/dberr"
+	"github.com/acemq/outbox/internal/dbpool"
 )
 
 func (s *Store) pool() (*sql.DB, error) {
@@ -51,9 +54,25 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 	}
 	msgs, err := ops.claim(ctx, db, n, lease)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, err)
+		return nil, fmt.Errorf("outbox: claiming from %s: %w", s.t.full, s.leaveReadOnly(ctx, db, err))
 	}
 	return msgs, nil
+}
+
+// leaveReadOnly returns err, and when it says that the server accepts no
+// writes (an old primary fenced by a failover, a replica), first closes
+// the pool's idle connections to such a server (see package dbpool): the
+// pool then connects again, and a URL that lists every host with
+// target_session_attrs=read-write finds the new primary. Without it, a
+// pool kept failing on the old primary for as long as it stayed up.
+func (s *Store) leaveReadOnly(ctx context.Context, db *sql.DB, err error) error {
+	if err != nil && dberr.Classify(err) == dberr.ReadOnly {
+		if n := s.readOnly.Leave(ctx, db, dbpool.Query(s.database == MySQL)); n > 0 {
+			s.logger.WarnContext(ctx, "outbox: Closed connections to a server that accepts no writes, to connect again",
+				slog.Int("num_closed", n))
+		}
+	}
+	return err
 }
 
 // claimRows claims up to n messages of a rows table under token.
@@ -242,7 +261,7 @@ func (s *Store) settle(ctx context.Context, what string, kind byte, msgs []Messa
 	if err != nil {
 		return err
 	}
-	return ops.settle(ctx, db, what, kind, msgs)
+	return s.leaveReadOnly(ctx, db, ops.settle(ctx, db, what, kind, msgs))
 }
 
 // leaseLost logs and returns the error for messages whose claim was lost.
@@ -290,7 +309,7 @@ func (s *Store) MarkFailed(ctx context.Context, msg Message, reason string) erro
 	if err != nil {
 		return err
 	}
-	return ops.markFailed(ctx, db, msg, reason)
+	return s.leaveReadOnly(ctx, db, ops.markFailed(ctx, db, msg, reason))
 }
 
 func (s *Store) warnParked(ctx context.Context, id string, attempts int, reason string) {
@@ -329,7 +348,7 @@ func (s *Store) Maintain(ctx context.Context) error {
 		return err
 	}
 	if err := s.moveDueIfNoMover(ctx, db); err != nil {
-		return err
+		return s.leaveReadOnly(ctx, db, err)
 	}
-	return ops.maintain(ctx, db)
+	return s.leaveReadOnly(ctx, db, ops.maintain(ctx, db))
 }

@@ -50,17 +50,18 @@ func newLogStore(s *Store, l logTables) *logStore {
 	ls.countsSQL, ls.parkedSQL, ls.horizonSQL, ls.purgeFailedSQL = r.Replace(logCountsSQL), r.Replace(logParkedSQL), r.Replace(logHorizonSQL), r.Replace(logPurgeFailedSQL)
 	ls.retrySQL, ls.retryAllSQL = r.Replace(logChangeParked(logRetrySet, true)), r.Replace(logChangeParked(logRetrySet, false))
 	ls.discardSQL, ls.discardAllSQL = r.Replace(logChangeParked(`discarded_at = now()`, true)), r.Replace(logChangeParked(`discarded_at = now()`, false))
-	// What became of messages $4 of gen $2 of batch $1 (kind $3), unless
-	// a later gen took the batch over.
+	// What became of messages $4 of gen $2 of batch $1 (kind $3), claimed
+	// under token $5, unless a later gen took the batch over.
 	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)
-SELECT $1, $2, $3::"char", $4::bigint[] WHERE ` + asyncCondition + ` AND ` + notTakenOver)
-	// A failed attempt at message $4 (seq $3) of gen $2 of batch $1: the
+SELECT $1, $2, $3::"char", $4::bigint[] WHERE ` + asyncCondition + ` AND ` + ownBatch("$5"))
+	// A failed attempt at message $4 (seq $3) of gen $2 of batch $1
+	// (claimed under token $17): the
 	// batch records it as failed, and the message is copied to the failed
 	// table (or, there already, counted again), to back off and park at
 	// MaxAttempts ($15).
 	ls.failSQL = r.Replace(`WITH s AS (
 	INSERT INTO {settle} (batch_id, gen, kind, seqs)
-	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE ` + notTakenOver + `
+	SELECT $1, $2, 'f', ARRAY[$3::bigint] WHERE ` + ownBatch("$17") + `
 	RETURNING 1
 )
 INSERT INTO {failed} AS f (id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
@@ -170,7 +171,7 @@ WHERE o.id IN (SELECT c.id FROM (SELECT * FROM runs UNION ALL SELECT * FROM free
 	// and their copies in the failed table are parked.
 	ls.parkUnfitSQL = r.Replace(`WITH s AS (
 	INSERT INTO {settle} (batch_id, gen, kind, seqs)
-	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + notTakenOver + `
+	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + ownBatch("$6") + `
 	RETURNING 1)
 INSERT INTO {failed} AS f (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
 	attempts, last_error, available_at, parked_at)
@@ -182,7 +183,7 @@ ON CONFLICT (id) DO UPDATE SET attempts = f.attempts + 1, last_error = excluded.
 	claim_token = NULL, claimed_until = NULL`)
 	ls.divertSQL = r.Replace(`WITH s AS (
 	INSERT INTO {settle} (batch_id, gen, kind, seqs)
-	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + notTakenOver + `
+	SELECT $1, $2, 'f', $3::bigint[] WHERE ` + ownBatch("$5") + `
 	RETURNING 1)
 INSERT INTO {failed} (id, seq, ord, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at, attempts, available_at)
 SELECT o.id, o.seq, o.ord, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at, 0, now()
@@ -196,6 +197,18 @@ ON CONFLICT (id) DO NOTHING`)
 // running while a take-over commits is kept apart by the take-over's SHARE
 // lock on the settle table (see takeOver).
 const notTakenOver = `NOT EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen > $2)`
+
+// ownBatch is notTakenOver for gen $2 of batch $1 claimed under token tok
+// (a parameter), and the batch's row is that claim's. A batch id is the
+// last one plus one: after a failover that lost the old primary's last
+// commits (asynchronous replication), the new primary gives out again the
+// ids of batches it never saw, and a relay that claimed one of them on the
+// old primary would otherwise settle, under the same id and gen, another
+// relay's batch, and mark published messages it never published. Such a
+// settle finds its lease lost instead.
+func ownBatch(tok string) string {
+	return `EXISTS (SELECT 1 FROM {batch} WHERE batch_id = $1 AND gen = $2 AND token = ` + tok + `::uuid) AND ` + notTakenOver
+}
 
 // logBlocked is a condition on the event o, beside the inflight i: its
 // table is ordered and its key has a message in the failed table that is
@@ -239,12 +252,14 @@ func inflightCTE(low, except string) string {
 	FROM u LEFT JOIN LATERAL unnest(u.keys) AS x(k) ON true)`
 }
 
-// batchRef is the claim of a message taken in a batch: the batch and its
-// generation (a take-over claims it again under the next). One taken from
-// the failed table has a failedClaim.
+// batchRef is the claim of a message taken in a batch: the batch, its
+// generation (a take-over claims it again under the next) and the claim's
+// token, written in the batch's row (see ownBatch). One taken from the
+// failed table has a failedClaim.
 type batchRef struct {
 	batch int64
 	gen   int
+	token uuid.UUID
 }
 
 // batchRow is a row of the batch table.
@@ -365,7 +380,7 @@ func (ls *logStore) divert(ctx context.Context, q execer, ref batchRef, msgs []M
 	for i, j := range blocked {
 		seqs[i], ids[i] = msgs[j].Seq, msgs[j].ID
 	}
-	if _, err := q.ExecContext(ctx, ls.divertSQL, ref.batch, ref.gen, seqs, ids); err != nil {
+	if _, err := q.ExecContext(ctx, ls.divertSQL, ref.batch, ref.gen, seqs, ids, ref.token.String()); err != nil {
 		return nil, fmt.Errorf("setting aside %d message(s) behind a failed message of their key: %w", len(blocked), err)
 	}
 	kept := make([]Message, 0, len(msgs)-len(blocked))
@@ -459,7 +474,7 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 			m.decodeHeaders(headers)
 		}
 		if ref == nil {
-			ref = batchRef{batch: batch}
+			ref = batchRef{batch: batch, token: token}
 		}
 		m.claim, m.ord = ref, ord.Int64
 		if b {
@@ -478,7 +493,7 @@ func (ls *logStore) claimNew(ctx context.Context, db *sql.DB, n int, lease time.
 	}
 	// What it could not set aside is set aside by whoever takes the
 	// batch over after its lease: nothing of it is published meanwhile.
-	return ls.setAside(ctx, db, batchRef{batch: batch}, msgs, blocked, ordered)
+	return ls.setAside(ctx, db, batchRef{batch: batch, token: token}, msgs, blocked, ordered)
 }
 
 // setAside parks the messages of batch ref that cannot be relayed as
@@ -509,7 +524,7 @@ func (ls *logStore) setAside(ctx context.Context, q execer, ref batchRef, msgs [
 			}
 			kept = append(kept, m)
 		}
-		if _, err := q.ExecContext(ctx, ls.parkUnfitSQL, ref.batch, ref.gen, seqs, ids, reason); err != nil {
+		if _, err := q.ExecContext(ctx, ls.parkUnfitSQL, ref.batch, ref.gen, seqs, ids, reason, ref.token.String()); err != nil {
 			return nil, fmt.Errorf("parking %d message(s) that cannot be relayed as written: %w", len(ids), err)
 		}
 		for i, id := range ids {

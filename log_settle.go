@@ -112,7 +112,7 @@ const asyncCommit = `set_config('synchronous_commit', 'off', true)`
 const asyncCondition = `(SELECT ` + asyncCommit + `) IS NOT NULL`
 
 func (ls *logStore) settleBatch(ctx context.Context, db *sql.DB, kind byte, ref batchRef, ids []string, seqs []int64) (map[string]bool, error) {
-	res, err := db.ExecContext(ctx, ls.settleSQL, ref.batch, ref.gen, string(kind), seqs)
+	res, err := db.ExecContext(ctx, ls.settleSQL, ref.batch, ref.gen, string(kind), seqs, ref.token.String())
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (ls *logStore) markFailed(ctx context.Context, db *sql.DB, msg Message, rea
 		}
 		err = db.QueryRowContext(ctx, ls.failSQL,
 			ref.batch, ref.gen, msg.Seq, msg.ID, msg.EventType, msg.Key, msg.Exchange, msg.RoutingKey, msg.Payload, msg.ContentType,
-			string(headers), msg.CreatedAt, reason, delay.Microseconds(), s.maxAttempts, msg.ord).Scan(&attempts, &parked)
+			string(headers), msg.CreatedAt, reason, delay.Microseconds(), s.maxAttempts, msg.ord, ref.token.String()).Scan(&attempts, &parked)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.leaseLost(ctx, "marking failed", []string{msg.ID})

@@ -18,7 +18,7 @@ func (ls *logStore) takeOverTx(ctx context.Context, db *sql.DB, n int, alone boo
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, token.String(), n, alone, lease) })
+	msgs, err := inTx(ctx, db, func(tx *sql.Tx) ([]Message, error) { return ls.takeOver(ctx, tx, token, n, alone, lease) })
 	ls.giveBackBatch(ctx, db, token.String(), err, false) // see orphan.go
 	return msgs, err
 }
@@ -27,7 +27,7 @@ func (ls *logStore) takeOverTx(ctx context.Context, db *sql.DB, n int, alone boo
 // ran out or that was released, if its messages fit in n (or whatever its
 // size when alone), and moves the store's low-water mark past finished
 // batches.
-func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token string, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
+func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token uuid.UUID, n int, alone bool, lease time.Duration) (msgs []Message, err error) {
 	if err := ls.lockClaims(ctx, tx); err != nil {
 		return nil, err
 	}
@@ -40,7 +40,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token string, n in
 	}
 	b := *cand
 	b.gen++
-	ref := batchRef{batch: b.id, gen: b.gen}
+	ref := batchRef{batch: b.id, gen: b.gen, token: token}
 	// A mark of the batch's old generation is fenced by a snapshot ("no
 	// later gen"): one already running when this take-over read the
 	// settles would pass the fence and commit, and its messages would be
@@ -68,7 +68,7 @@ func (ls *logStore) takeOver(ctx context.Context, tx *sql.Tx, token string, n in
 		return nil, nil // settled meanwhile
 	}
 	b.n = len(msgs)
-	if msgs, err = ls.insertBatch(ctx, tx, b, token, lease, msgs); err != nil {
+	if msgs, err = ls.insertBatch(ctx, tx, b, token.String(), lease, msgs); err != nil {
 		return nil, err
 	}
 	return ls.setAside(ctx, tx, ref, msgs, blocked, false)

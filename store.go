@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/acemq/outbox/internal/backend"
+	"github.com/acemq/outbox/internal/dbpool"
 	"github.com/acemq/outbox/internal/dialect"
 )
 
@@ -185,6 +186,8 @@ type Store struct {
 	nextDueAt        atomic.Int64  // unix ns: when the next delayed message MoveDue knows of is due; 0: none
 	moverAt          atomic.Int64  // unix ns: the last call of MoveDue
 	dueLook          time.Duration // MoveDue looks again this long after a look (dueLook; tests lengthen it)
+
+	readOnly dbpool.Leaver // drops the pool's connections to a server that accepts no writes
 
 	q, qo queries // the statements of unordered and of ordered mode
 	tm    tableMode

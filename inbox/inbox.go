@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/acemq/outbox/internal/dbpool"
 	"github.com/acemq/outbox/internal/dialect"
 	"github.com/acemq/outbox/internal/pgschema"
 	"github.com/acemq/outbox/internal/sqlident"
@@ -63,6 +64,7 @@ type Inbox struct {
 	mysql       bool // the database is MySQL or MariaDB (mysql.go)
 	q           struct{ claim, claimRead, retry, failed, failedRead, handled, purge, purgeable, revive, reviveAll, dead, deadAmong, records string }
 	afterCommit func(*amqp.Delivery) // tests: runs between commit and ack
+	readOnly    dbpool.Leaver        // drops the pool's connections to a server that accepts no writes
 }
 
 // parseTable validates a table name (see package sqlident); "" is the

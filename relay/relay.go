@@ -156,10 +156,12 @@ type Relay struct {
 	running atomic.Bool
 	stats   counters
 
-	healthMu    sync.Mutex // guards the three below
+	healthMu    sync.Mutex // guards the five below
 	lastClaim   time.Time  // the last claim that went through
 	claimErr    error      // the last claim's error
 	brokerErr   error      // the last publish's broker fault
+	hinted      string     // the advice last logged, until a claim goes through (hintOnce)
+	hintedAt    time.Time  // when it was
 	obs         Observer
 	maxAttempts int                                        // the store's, when it says; for Observer.Failed's parked
 	pubMu       sync.Mutex                                 // one Publish at a time unless concurrent
@@ -274,6 +276,7 @@ func (r *Relay) recordClaim(err error) {
 	r.claimErr = err
 	if err == nil {
 		r.lastClaim = time.Now()
+		r.hinted = ""
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/internal/syncbuf"
 )
 
 // fakeStore hands out queued batches and records every call in order.
@@ -835,4 +836,37 @@ func TestSettlerGathersWaitingEarlyMarks(t *testing.T) {
 		"two settles for four groups, then what the outcome adds")
 	require.Equal(t, int64(5), r.Stats().Published)
 	require.Len(t, p.slots, 2)
+}
+
+// Issue 45: a node left read-only by a failover fails every claim until
+// the pool has left it; the advice is logged once for those failures, and
+// once again for a later episode (after a claim that went through).
+func TestPermanentAdviceLoggedOncePerEpisode(t *testing.T) {
+	t.Parallel()
+	store := &failingStore{
+		failClaims: map[int]bool{1: true, 2: true, 3: true, 5: true, 6: true},
+		err:        fmt.Errorf("outbox: claiming from outbox: %w", sqlStateError("25006")),
+	}
+	pub := PublisherFunc(func(_ context.Context, m []outbox.Message) []error { return make([]error, len(m)) })
+	var logs syncbuf.Buffer
+	r, err := New(store, pub, &Config{Logger: dbtest.LoggerTo(t, &logs), MaxInFlight: 1})
+	require.NoError(t, err)
+	var sleeps atomic.Int32
+	r.sleepHook = func(time.Duration, bool) woken {
+		sleeps.Add(1)
+		time.Sleep(time.Millisecond)
+		return notWoken
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return sleeps.Load() >= 8 }, 10*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	out := logs.String()
+	require.Equal(t, 5, strings.Count(out, "relay: Claiming failed"), out)
+	require.Equal(t, 2, strings.Count(out, "hint="), "advice logged once per episode of failures:\n%s", out)
+	require.Equal(t, 3, strings.Count(out, "still, with the permanent error advised above"), out)
+	require.Equal(t, 5, strings.Count(out, "permanent=true"), out)
 }

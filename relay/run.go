@@ -421,14 +421,40 @@ func (r *Relay) refreshOrdering(ctx context.Context) error {
 }
 
 // logFailure logs a failed round at level, retried after wait. An error
-// waiting will not fix is logged at error level as permanent, with advice.
+// waiting will not fix is logged at error level as permanent, with advice
+// the first time (see Relay.hinted); its repeats say "still".
 func (r *Relay) logFailure(ctx context.Context, level slog.Level, msg string, err error, wait time.Duration, attrs ...slog.Attr) {
 	attrs = append(attrs, slog.String("error", err.Error()), slog.Duration("retry_in", wait))
 	if hint := permanent(err); hint != "" {
-		level, msg = slog.LevelError, msg+" with a permanent error; retrying until it is fixed"
-		attrs = append(attrs, slog.String("hint", hint), slog.Bool("permanent", true))
+		level = slog.LevelError
+		if r.hintOnce(hint) {
+			msg += " with a permanent error; retrying until it is fixed"
+			attrs = append(attrs, slog.String("hint", hint))
+		} else {
+			msg += " still, with the permanent error advised above; retrying until it is fixed"
+		}
+		attrs = append(attrs, slog.Bool("permanent", true))
 	} else {
 		msg += "; retrying"
 	}
 	r.logger.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// hintAgain is how long the advice for one permanent error is logged once:
+// a failure that lasts longer is advised again, for whoever reads the
+// log from then on.
+const hintAgain = 10 * time.Minute
+
+// hintOnce reports whether the advice hint is to be logged now: the first
+// time since the last claim that went through, or hintAgain after it was
+// last. A failover's read-only node fails every round until the pool has
+// left it, and the advice was logged three times in 200 ms.
+func (r *Relay) hintOnce(hint string) bool {
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	if hint == r.hinted && time.Since(r.hintedAt) < hintAgain {
+		return false
+	}
+	r.hinted, r.hintedAt = hint, time.Now()
+	return true
 }
