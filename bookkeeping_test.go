@@ -97,12 +97,14 @@ func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
 
 	tx, err := conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck // a failed check must not leave conn.Close waiting
 	var (
 		batch int64
 		seqs  []int64
 	)
+	token := uuid.NewString()
 	rows, err := tx.QueryContext(ctx, `SELECT c.batch_id, c.seq FROM (`+outbox.LogClaimSQL(b.store)+`) AS c`,
-		10, time.Minute.Microseconds(), 1<<20, uuid.NewString(), 0)
+		10, time.Minute.Microseconds(), 1<<20, token, 0)
 	require.NoError(t, err)
 	for rows.Next() {
 		var seq int64
@@ -117,7 +119,8 @@ func TestLogBookkeepingCommitsAsynchronously(t *testing.T) {
 
 	tx, err = conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	res, err := tx.ExecContext(ctx, outbox.LogSettleSQL(b.store), batch, 0, "p", seqs)
+	defer tx.Rollback() //nolint:errcheck
+	res, err := tx.ExecContext(ctx, outbox.LogSettleSQL(b.store), batch, 0, "p", seqs, token)
 	require.NoError(t, err)
 	n, err := res.RowsAffected()
 	require.NoError(t, err)

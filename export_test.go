@@ -95,3 +95,18 @@ func SetDueLook(s *Store, d time.Duration) { s.dueLook = d }
 
 // ReadOrderSQL is the statement that reads a table's ordering mode.
 const ReadOrderSQL = readOrderSQL
+
+// SetLogServer makes the log store of s take its low-water mark to have
+// been learnt from server, as a store that has failed over to another.
+func SetLogServer(s *Store, server string) {
+	s.log.mu.Lock()
+	s.log.server = server
+	s.log.mu.Unlock()
+}
+
+// LogLow returns the low-water mark of s's log table.
+func LogLow(s *Store) int64 {
+	s.log.mu.Lock()
+	defer s.log.mu.Unlock()
+	return s.log.low
+}

@@ -35,6 +35,10 @@ type logStore struct {
 
 	mu  sync.Mutex
 	low int64 // no batch below it is unfinished, as far as this store has seen
+	// server is when the server that low was learnt from started
+	// (pg_postmaster_start_time): a failover, or a restart, brings a
+	// server whose batch table may have lost what low was learnt from.
+	server string
 	looks
 	now func() time.Time
 }
@@ -100,7 +104,8 @@ ORDER BY o.ord`)
 	ls.unfinishedSQL = r.Replace(`SELECT b.batch_id, b.gen, b.n, b.lo::text, b.hi::text, b.after_tx::text, b.after_seq, b.last_tx::text, b.last_seq, b.more,
 	b.lease_until < now()
 	OR EXISTS (SELECT 1 FROM {settle} AS r WHERE r.batch_id = b.batch_id AND r.gen = b.gen AND r.kind = 'r'),
-	(SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f'))
+	(SELECT coalesce(sum(cardinality(d.seqs)), 0) FROM {settle} AS d WHERE d.batch_id = b.batch_id AND d.gen = b.gen AND d.kind IN ('p', 'f')),
+	pg_postmaster_start_time()::text
 FROM {batch} AS b
 WHERE b.batch_id >= $1 AND NOT EXISTS (SELECT 1 FROM {batch} AS l WHERE l.batch_id = b.batch_id AND l.gen > b.gen)
 ORDER BY b.batch_id LIMIT 20000`)

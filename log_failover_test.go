@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,4 +72,80 @@ func TestLogSettleAfterLostTailFindsLeaseLost(t *testing.T) {
 	pending, err = b.store.Pending(ctx)
 	require.NoError(t, err)
 	require.Zero(t, pending)
+}
+
+// Issue 45: a store learns, as it looks for batches to take over, that no
+// batch below its low-water mark is unfinished, and looks from there on.
+// After a failover with asynchronous replication the new primary may have
+// lost the settles that finished them: here a message's failure (its
+// settle and its row in the failed table), made by hand. A store that kept
+// its mark from the old primary never took that batch again, and the
+// message was never published. The mark is now kept with the server it was
+// learnt from (when it started), and a look on another server reads from
+// the first batch again.
+func TestLogLowWaterMarkForgottenOnAnotherServer(t *testing.T) {
+	ctx := context.Background()
+	b := setupLog(t, nil)
+	var skip atomic.Int64 // the store's clock runs ahead, to make its looks due
+	outbox.SetLogClock(b.store, func() time.Time { return time.Now().Add(time.Duration(skip.Load())) })
+	look := func() {
+		skip.Add(int64(time.Hour))
+		require.NoError(t, b.store.Maintain(ctx))
+	}
+	b.addCommitted(t, events(1)...)
+	first, err := b.store.Claim(ctx, 10, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+	require.NoError(t, b.store.MarkFailed(ctx, first[0], "the broker refused it"))
+	b.addCommitted(t, events(1)...)
+	second, err := b.store.Claim(ctx, 10, time.Hour)
+	require.NoError(t, err)
+	require.Len(t, second, 1)
+	look() // batch 1 finished, batch 2 not
+	require.EqualValues(t, 2, outbox.LogLow(b.store), "the test's premise: the mark past the finished batch")
+
+	// The tail the new primary lost: batch 1's failure.
+	for _, q := range []string{
+		`DELETE FROM "` + b.table + `_settle" WHERE batch_id = 1`,
+		`DELETE FROM "` + b.table + `_failed"`,
+	} {
+		_, err := b.db.ExecContext(ctx, q)
+		require.NoError(t, err, q)
+	}
+	require.NoError(t, awaitTrue(ctx, 10*time.Second, func() bool {
+		var due bool
+		err := b.db.QueryRowContext(ctx, `SELECT lease_until < now() FROM "`+b.table+`_batch" WHERE batch_id = 1`).Scan(&due)
+		return err == nil && due
+	}), "batch 1's lease ran out")
+	look()
+	msgs, err := b.store.Claim(ctx, 10, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, msgs, "the test's premise: on the same server, the mark hides batch 1")
+
+	outbox.SetLogServer(b.store, "the old primary")
+	var again []outbox.Message
+	require.NoError(t, awaitTrue(ctx, 10*time.Second, func() bool {
+		look()
+		msgs, err := b.store.Claim(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		again = append(again, msgs...)
+		return len(again) > 0
+	}), "batch 1 taken over on the new server")
+	require.Equal(t, []string{first[0].ID}, ids(again))
+}
+
+// awaitTrue polls cond every 20ms until it holds or within runs out.
+func awaitTrue(ctx context.Context, within time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
 }

@@ -99,6 +99,7 @@ func (ls *logStore) unfinished(ctx context.Context, q rowsQuerier, n int, alone 
 		newLow  int64 = -1
 		lastID  int64
 		scanned int
+		server  string
 	)
 	for rows.Next() {
 		var (
@@ -106,7 +107,7 @@ func (ls *logStore) unfinished(ctx context.Context, q rowsQuerier, n int, alone 
 			due  bool
 			done int
 		)
-		if err := rows.Scan(&b.id, &b.gen, &b.n, &b.lo, &b.hi, &b.afterTx, &b.afterSeq, &b.lastTx, &b.lastSeq, &b.more, &due, &done); err != nil {
+		if err := rows.Scan(&b.id, &b.gen, &b.n, &b.lo, &b.hi, &b.afterTx, &b.afterSeq, &b.lastTx, &b.lastSeq, &b.more, &due, &done, &server); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -143,6 +144,22 @@ func (ls *logStore) unfinished(ctx context.Context, q rowsQuerier, n int, alone 
 		}
 	}
 	ls.mu.Lock()
+	if scanned > 0 && server != ls.server {
+		// Another server than the one low was learnt from: after a
+		// failover, the new primary may have lost the tail of the old
+		// one's WAL, and with it the settles that finished batches below
+		// low (a message whose failure was recorded there would never be
+		// taken again). What was learnt before counts no more: the next
+		// look reads from the first batch.
+		first := ls.server == ""
+		ls.server = server
+		if !first && low > 0 {
+			ls.low = 0
+			ls.mu.Unlock()
+			ls.scanSoon()
+			return nil, nil
+		}
+	}
 	switch {
 	case newLow >= 0:
 		ls.low = max(ls.low, newLow)
