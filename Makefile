@@ -26,6 +26,10 @@ test/chaos: ## the ordered chaos test at full size (20,000 messages, four relays
 test/soak: ## duplicates per fault kind, alone and together, with outbox verify (stops RabbitMQ's application: a broker of its own; ~15 min a layout)
 	OUTBOX_SOAK_TEST=1 $(GO) test -count=1 -timeout 60m -run TestDuplicatesSoak -v ./cmd/outbox
 
+.PHONY: test/failover
+test/failover: ## promote a PostgreSQL standby under load (a primary and standby of the test's own, from PostgreSQL's binaries): sync, async and fenced, both layouts, RUNS=3 each (~20 min)
+	OUTBOX_FAILOVER_TEST=1 OUTBOX_FAILOVER_RUNS=$(or $(RUNS),3) $(GO) test -count=1 -timeout 60m -run TestFailover -v ./cmd/outbox
+
 .PHONY: test/log
 test/log: ## the relay's whole suite on tables of the log layout (OUTBOX_TEST_LAYOUT=log)
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m ./relay
