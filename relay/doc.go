@@ -46,6 +46,13 @@
 //
 // # Running it
 //
+// A relay needs a store (its table and connection pool) and a publisher:
+//
+//	store, err := outbox.NewStore(db, &outbox.StoreConfig{Table: "outbox"})
+//	pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: "amqp://guest:guest@localhost:5672/"})
+//	r, err := relay.New(store, pub, nil) // nil: the defaults of Config
+//	err = r.Run(ctx)                     // blocks; nil after a clean shutdown
+//
 // Run blocks until its context ends, then stops claiming, waits up to
 // Config.ShutdownTimeout for the confirms of the batches in flight, marks
 // what was confirmed and releases the rest. A publish that is still
@@ -75,11 +82,9 @@
 //     not only after a full batch: at once after a claim that filled half a
 //     batch or more, 3ms after a shorter one (under load, a claim then
 //     gathers a few more messages instead of costing the database a round
-//     trip per handful: at 2,000 events/s from another process this halved
-//     the latency against waiting for a full batch, and 3ms instead of 1ms
-//     cut PostgreSQL's CPU per message by 5 % at 2,000/s and 20 % at 500/s,
-//     which on a small machine lowered the latency too), and after an empty
-//     claim it waits 3ms, doubling up to Config.PollInterval, unless a
+//     trip per handful; BENCHMARKS.md has what that was measured against),
+//     and after an empty claim it waits 3ms, doubling up to
+//     Config.PollInterval, unless a
 //     wake-up comes first (the store's Subscribe for writes in this
 //     process, Config.Wakeup for others, see package pgwake) or a batch
 //     claimed in ordered mode is settled (which may free the next messages
@@ -105,16 +110,13 @@
 //     in the last moments, not whole batches. A settler behind the
 //     publishers marks the groups waiting for it, up to the next outcome,
 //     in one statement a batch. One writer keeps settles from
-//     contending with each other and with the claims on a small database
-//     (with a settle per publisher, throughput on two cores fell by a
-//     quarter).
+//     contending with each other and with the claims on a small database.
 //   - A goroutine beside them calls Store.Maintain every 100ms (after a
 //     failure, after the relay's backoff): on a table of the log layout it
 //     looks for batches to take over and for failed messages due again,
-//     and rotates the partitions, so that no claim waits for that work (a
-//     few milliseconds every 250ms, 5 to 30 every second; the claimer is
-//     serial, and every message committed meanwhile waited too). The
-//     claims take what its looks found. (An idle relay of a large Group
+//     and rotates the partitions, so that no claim waits for that work
+//     (the claimer is serial, and every message committed meanwhile would
+//     wait too). The claims take what its looks found. (An idle relay of a large Group
 //     waits longer between its claims, its Maintain and its moves of
 //     delayed messages alike: see GroupConfig.IdleClaims.)
 //   - Another goroutine moves the delayed messages that have fallen due
