@@ -50,23 +50,52 @@ func (r *Relay) Run(ctx context.Context) error {
 	// A fatal error in any stage stops the others through runCtx.
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
-	var (
-		fatalOnce sync.Once
-		fatalErr  error
-	)
-	fail := func(err error) {
-		fatalOnce.Do(func() { fatalErr = explain(err) })
-		stopRun()
-	}
-
-	// Purging, maintaining and reconciling run beside the pipeline:
-	// deleting millions of old rows must not hold up publishing.
-	var beside sync.WaitGroup
-	defer beside.Wait()
-	besideCtx, stopBeside := context.WithCancel(runCtx)
+	f := &firstFatal{stop: stopRun}
+	stopBeside := r.startBeside(runCtx, f.fail)
 	defer stopBeside()
-	// Each returns an error only when nothing can repair it (a table that
-	// is not an outbox table, a closed *sql.DB), which stops Run.
+	drain, stopDrain := r.shutdownClock(ctx, runCtx)
+	defer stopDrain()
+	r.runPipeline(runCtx, drain, f.fail)
+	if err := f.get(); err != nil {
+		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", err.Error()))
+		return err
+	}
+	r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
+	return nil
+}
+
+// firstFatal keeps the first error that stops a Run, from whichever goroutine
+// meets it, and stops the others.
+type firstFatal struct {
+	mu   sync.Mutex
+	err  error
+	stop context.CancelFunc
+}
+
+func (f *firstFatal) fail(err error) {
+	f.mu.Lock()
+	if f.err == nil {
+		f.err = explain(err)
+	}
+	f.mu.Unlock()
+	f.stop()
+}
+
+func (f *firstFatal) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// startBeside starts what runs beside the pipeline, each in a goroutine
+// of its own until runCtx ends: purging, the storage's upkeep, moving due
+// delayed messages, reconciling held ones. Deleting millions of old rows
+// must not hold up publishing. Each returns an error only when nothing
+// can repair it (a table that is not an outbox table, a closed *sql.DB),
+// which it gives to fail. The function returned stops them and waits.
+func (r *Relay) startBeside(runCtx context.Context, fail func(error)) (stop func()) {
+	var beside sync.WaitGroup
+	besideCtx, stopBeside := context.WithCancel(runCtx)
 	run := func(f func(context.Context) error) {
 		beside.Add(1)
 		go func() {
@@ -110,12 +139,18 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return nil
 	}))
+	return func() {
+		stopBeside()
+		beside.Wait()
+	}
+}
 
-	// The shutdown clock: publishes in flight when runCtx ends get
-	// ShutdownTimeout for their confirms, then drain ends and cuts them
-	// short. This goroutine is the only owner of that deadline.
+// shutdownClock returns the context of the publishes in flight: when
+// runCtx ends they get ShutdownTimeout for their confirms, then drain ends
+// and cuts them short. Its goroutine is the only owner of that deadline;
+// stop ends it.
+func (r *Relay) shutdownClock(ctx, runCtx context.Context) (drain context.Context, stop context.CancelFunc) {
 	drain, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopDrain()
 	go func() {
 		select {
 		case <-runCtx.Done():
@@ -129,7 +164,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-drain.Done():
 		}
 	}()
+	return drain, stopDrain
+}
 
+// runPipeline runs the claimer in this goroutine, MaxInFlight publishers
+// and one settler until runCtx ends (or the claimer fails), and returns
+// when every batch it claimed is settled or released.
+func (r *Relay) runPipeline(runCtx, drain context.Context, fail func(error)) {
 	p := &pipeline{
 		work: make(chan *batch),
 		// Enough room for every event of the batches in flight (their
@@ -169,12 +210,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	publishers.Wait()
 	close(p.events)
 	settler.Wait()
-	if fatalErr != nil {
-		r.logger.ErrorContext(ctx, "relay: Stopped by an error it cannot recover from", slog.String("error", fatalErr.Error()))
-		return fatalErr
-	}
-	r.logger.InfoContext(context.WithoutCancel(ctx), "relay: Stopped")
-	return nil
 }
 
 // pipeline is what the stages share.
