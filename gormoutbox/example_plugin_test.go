@@ -18,7 +18,7 @@ import (
 type Invoice struct {
 	ID    uint
 	Total int
-	outbox.Recorder
+	outbox.Recorder // adds Record and PullEvents; no column
 }
 
 // Example shows the quick start: register the plugin once, record events on
@@ -29,10 +29,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := db.Use(&gormoutbox.Plugin{
-		Table:  "outbox",
-		Router: outbox.ToExchange("billing"),
-	}); err != nil {
+	if err := db.Use(&gormoutbox.Plugin{Table: "outbox", Router: outbox.ToExchange("billing")}); err != nil {
 		log.Fatal(err)
 	}
 	cleanup := exampleSchema(db) // out of example scope: creates the tables
