@@ -16,8 +16,8 @@ import (
 // Invoice is a model that records domain events: embedding outbox.Recorder
 // adds Record and PullEvents, and no column.
 type Invoice struct {
-	ID    uint
-	Total int
+	ID              uint
+	Total           int
 	outbox.Recorder // adds Record and PullEvents; no column
 }
 
