@@ -84,6 +84,9 @@ func TestFailover(t *testing.T) {
 				for i := 1; i <= runs; i++ {
 					r := failoverRun(t, bin, m.sync, m.how, layout)
 					t.Logf("failover %s run %d: %s", name, i, r)
+					if len(r.phantom) > 0 { // named, as the contract says: asynchronous replication's phantoms
+						t.Logf("failover %s run %d: phantoms, delivered but their transaction lost with the old primary: %s", name, i, strings.Join(r.phantom, " "))
+					}
 					resumed, wresumed = append(resumed, r.resumed), append(wresumed, r.writersResumed)
 				}
 				t.Logf("failover %s: publishing resumed %s after the promotion (median of %d runs; all: %v); writers %s (all: %v)",
