@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/acemq/outbox/internal/dberr"
-	"github.com/acemq/outbox/internal/dbpool"
 )
 
 func (s *Store) pool() (*sql.DB, error) {
@@ -66,11 +63,9 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Messag
 // target_session_attrs=read-write finds the new primary. Without it, a
 // pool kept failing on the old primary for as long as it stayed up.
 func (s *Store) leaveReadOnly(ctx context.Context, db *sql.DB, err error) error {
-	if err != nil && dberr.Classify(err) == dberr.ReadOnly {
-		if n := s.readOnly.Leave(ctx, db, dbpool.Query(s.database == MySQL)); n > 0 {
-			s.logger.WarnContext(ctx, "outbox: Closed connections to a server that accepts no writes, to connect again",
-				slog.Int("num_closed", n))
-		}
+	if n := s.readOnly.After(ctx, db, s.database == MySQL, err); n > 0 {
+		s.logger.WarnContext(ctx, "outbox: Closed connections to a server that accepts no writes, to connect again",
+			slog.Int("num_closed", n))
 	}
 	return err
 }

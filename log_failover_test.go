@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/dbtest"
 )
 
 // Issue 45: a failover with asynchronous replication loses the old
@@ -112,7 +112,7 @@ func TestLogLowWaterMarkForgottenOnAnotherServer(t *testing.T) {
 		_, err := b.db.ExecContext(ctx, q)
 		require.NoError(t, err, q)
 	}
-	require.NoError(t, awaitTrue(ctx, 10*time.Second, func() bool {
+	require.NoError(t, dbtest.Await(ctx, 10*time.Second, func() bool {
 		var due bool
 		err := b.db.QueryRowContext(ctx, `SELECT lease_until < now() FROM "`+b.table+`_batch" WHERE batch_id = 1`).Scan(&due)
 		return err == nil && due
@@ -124,7 +124,7 @@ func TestLogLowWaterMarkForgottenOnAnotherServer(t *testing.T) {
 
 	outbox.SetLogServer(b.store, "the old primary")
 	var again []outbox.Message
-	require.NoError(t, awaitTrue(ctx, 10*time.Second, func() bool {
+	require.NoError(t, dbtest.Await(ctx, 10*time.Second, func() bool {
 		look()
 		msgs, err := b.store.Claim(ctx, 10, time.Minute)
 		require.NoError(t, err)
@@ -132,20 +132,4 @@ func TestLogLowWaterMarkForgottenOnAnotherServer(t *testing.T) {
 		return len(again) > 0
 	}), "batch 1 taken over on the new server")
 	require.Equal(t, []string{first[0].ID}, ids(again))
-}
-
-// awaitTrue polls cond every 20ms until it holds or within runs out.
-func awaitTrue(ctx context.Context, within time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", within)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return nil
 }

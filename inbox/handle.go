@@ -12,8 +12,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/acemq/outbox/internal/dberr"
-	"github.com/acemq/outbox/internal/dbpool"
 	"github.com/acemq/outbox/internal/textcut"
 )
 
@@ -124,11 +122,13 @@ func (ib *Inbox) handle(ctx context.Context, d *amqp.Delivery, h Handler, lg *sl
 	}
 	for try := 1; ; try++ {
 		r, again := ib.attempt(ctx, d, h, lg)
-		if r.outcome == Requeued && dberr.Classify(r.err) == dberr.ReadOnly {
+		if r.outcome == Requeued {
 			// An old primary, fenced by a failover, keeps its sessions:
 			// close the pool's connections to it, so that it connects
 			// again (see package dbpool).
-			ib.readOnly.Leave(ctx, ib.db, dbpool.Query(ib.mysql))
+			if n := ib.readOnly.After(ctx, ib.db, ib.mysql, r.err); n > 0 {
+				lg.WarnContext(ctx, "inbox: Closed connections to a server that accepts no writes, to connect again", slog.Int("num_closed", n))
+			}
 		}
 		if !again || try == serializationTries || ctx.Err() != nil {
 			return r

@@ -235,7 +235,7 @@ CREATE TABLE fo_effects (message_id uuid NOT NULL)`)
 	}
 
 	// Under load for a while, then the failover.
-	require.NoError(t, awaitCond(ctx, 30*time.Second, func() bool { return w.deliveries.Load() >= 2000 }), "the first 2,000 deliveries")
+	require.NoError(t, dbtest.Await(ctx, 30*time.Second, func() bool { return w.deliveries.Load() >= 2000 }), "the first 2,000 deliveries")
 	var promoted time.Time
 	switch how {
 	case "crash":
@@ -259,20 +259,21 @@ CREATE TABLE fo_effects (message_id uuid NOT NULL)`)
 		// The old primary stays up, read-only, until both relays claim
 		// again and an event written on the new primary has arrived: the
 		// relays left it by themselves.
-		require.NoError(t, awaitCond(ctx, time.Minute, func() bool {
+		require.NoError(t, dbtest.Await(ctx, time.Minute, func() bool {
 			return relays.allReady() && w.resumedAfter(promoted) > 0
 		}), "the relays moved to the new primary while the old one still answered, read-only")
 		require.NoError(t, p.A.Stop())
 	}
-	require.NoError(t, awaitCond(ctx, time.Minute, func() bool { return w.resumedAfter(promoted) > 0 }), "publishing resumed")
-	time.Sleep(5 * time.Second) // load on the new primary
+	require.NoError(t, dbtest.Await(ctx, time.Minute, func() bool { return w.resumedAfter(promoted) > 0 }), "publishing resumed")
+	// Load on the new primary: 300 of its events delivered (~3 s).
+	require.NoError(t, dbtest.Await(ctx, time.Minute, func() bool { return w.deliveredAfter(promoted) >= 300 }), "300 events of the new primary delivered")
 	stopWriters()
 	writers.Wait()
 
 	// Everything that survived arrives; the inbox handles every delivery.
 	survivor := p.B.DB()
 	surviving := map[string]bool{}
-	require.NoError(t, awaitCond(ctx, 2*time.Minute, func() bool {
+	require.NoError(t, dbtest.Await(ctx, 2*time.Minute, func() bool {
 		ids, err := strings1(ctx, survivor, `SELECT id::text FROM fo_orders`)
 		if err != nil {
 			return false
@@ -283,7 +284,7 @@ CREATE TABLE fo_effects (message_id uuid NOT NULL)`)
 		}
 		return w.allDelivered(surviving)
 	}), "every surviving event delivered")
-	require.NoError(t, awaitCond(ctx, time.Minute, func() bool {
+	require.NoError(t, dbtest.Await(ctx, time.Minute, func() bool {
 		st := consumer.Stats()
 		return st.Handled+st.Duplicates >= w.deliveries.Load()
 	}), "the inbox handled every delivery")
@@ -396,6 +397,20 @@ func (w *foWorld) resumedAfter(t time.Time) time.Duration {
 	return first.Sub(t)
 }
 
+// deliveredAfter counts the events delivered whose transaction began
+// after t.
+func (w *foWorld) deliveredAfter(t time.Time) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for id := range w.firstAt {
+		if w.began[id].After(t) {
+			n++
+		}
+	}
+	return n
+}
+
 func (w *foWorld) allDelivered(surviving map[string]bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -457,22 +472,6 @@ func strings1(ctx context.Context, db *sql.DB, query string) ([]string, error) {
 	return out, rows.Err()
 }
 
-// awaitCond polls cond every 50ms until it holds or within runs out.
-func awaitCond(ctx context.Context, within time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", within)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
 // foRelays are `outbox relay` processes, each with its metrics server.
 type foRelays struct {
 	t     *testing.T
@@ -496,7 +495,7 @@ func startFailoverRelays(t *testing.T, bin, dbURL, table string, n int) *foRelay
 		g.procs, g.addrs, g.logs = append(g.procs, cmd), append(g.addrs, addr), append(g.logs, logPath)
 	}
 	t.Cleanup(g.stop)
-	require.NoError(t, awaitCond(context.Background(), 30*time.Second, g.allReady), "the relays ready")
+	require.NoError(t, dbtest.Await(context.Background(), 30*time.Second, g.allReady), "the relays ready")
 	return g
 }
 

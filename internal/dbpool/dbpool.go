@@ -14,6 +14,8 @@ import (
 	"database/sql/driver"
 	"sync/atomic"
 	"time"
+
+	"github.com/acemq/outbox/internal/dberr"
 )
 
 // Query returns the statement that says whether a connection's server
@@ -81,4 +83,15 @@ func (l *Leaver) Leave(ctx context.Context, db *sql.DB, query string) int {
 		closed++
 	}
 	return closed
+}
+
+// After is what a store or a consumer calls after a failure err of db:
+// when err says that the server accepts no writes, it leaves such servers
+// (Leave, with the query for MySQL and MariaDB when mysql) and returns how
+// many connections it closed; otherwise it does nothing and returns 0.
+func (l *Leaver) After(ctx context.Context, db *sql.DB, mysql bool, err error) int {
+	if err == nil || dberr.Classify(err) != dberr.ReadOnly {
+		return 0
+	}
+	return l.Leave(ctx, db, Query(mysql))
 }

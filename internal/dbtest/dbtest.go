@@ -386,3 +386,20 @@ func EnvInt(tb testing.TB, name string, def int) int {
 	}
 	return n
 }
+
+// Await polls cond every 20ms until it holds, and fails when within has
+// passed first (or ctx ends): a condition awaited, not a sleep.
+func Await(ctx context.Context, within time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
