@@ -262,7 +262,7 @@ var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 // takes them if the table is ordered, and learns that it is not for a while.
 func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	if s.be != nil {
-		return backendOps{s}.takeTurns(ctx, tx, evts)
+		return s.backendOps().takeTurns(ctx, tx, evts)
 	}
 	ordered := s.ordering == OrderedByKey
 	if !ordered && (len(evts) < 2 || s.knownUnordered()) {
@@ -296,12 +296,12 @@ func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
 	}
 	lit.WriteByte('}')
 	if ordered {
-		if _, err := tx.ExecContext(ctx, s.q.lock, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger())); err != nil {
+		if _, err := tx.ExecContext(ctx, s.turns.lock, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger())); err != nil {
 			return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
 		}
 		return nil
 	}
-	res, err := tx.ExecContext(ctx, s.q.lockIfOrdered, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger()),
+	res, err := tx.ExecContext(ctx, s.turns.lockIfOrdered, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger()),
 		s.t.quoted, s.t.orderTrigger())
 	if err != nil {
 		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)

@@ -70,15 +70,6 @@ func (s *Store) leaveReadOnly(ctx context.Context, db *sql.DB, err error) error 
 	return err
 }
 
-// claimRows claims up to n messages of a rows table under token.
-func (s *Store) claimRows(ctx context.Context, db *sql.DB, n int, lease time.Duration, token string) ([]Message, error) {
-	rows, err := db.QueryContext(ctx, s.queriesNow().claim, n, lease.Microseconds(), token, s.batchMaxBytes)
-	if err != nil {
-		return nil, err
-	}
-	return scanMessages(rows, rowsClaim(token))
-}
-
 func scanMessages(rows *sql.Rows, claim claimRef) ([]Message, error) {
 	defer rows.Close()
 	var msgs []Message
@@ -142,23 +133,6 @@ func (m *Message) decodeHeaders(raw []byte) {
 func unfitReason(m Message) string {
 	return "outbox: parked when claimed: the row cannot be relayed as written (" + m.unfit +
 		"): correct it by SQL and retry it, or discard it"
-}
-
-// parkUnfit parks, under the claim token, the messages of a rows table's
-// claim that cannot be relayed as written, and returns the others. In
-// ordered mode the later messages of a parked one's key are held behind
-// it (markFailed holds them) and given back.
-func (s *Store) parkUnfit(ctx context.Context, db *sql.DB, token string, msgs []Message) ([]Message, error) {
-	return s.parkEach(ctx, msgs, s.Ordering() == OrderedByKey,
-		func(id, reason string) (int, error) {
-			var (
-				attempts int
-				parked   bool
-			)
-			err := db.QueryRowContext(ctx, s.queriesNow().markFailed, id, token, reason, 0, 1).Scan(&attempts, &parked)
-			return attempts, err
-		},
-		func(ids []string) error { return s.fencedClaim(ctx, db, s.q.release, ids, token, map[string]bool{}) })
 }
 
 // parkEach parks with park, one at a time, the messages of a claim that
@@ -264,22 +238,6 @@ func (s *Store) leaseLost(ctx context.Context, what string, ids []string) error 
 	s.logger.WarnContext(ctx, "outbox: Lease lost", slog.String("table", s.t.full),
 		slog.String("operation", what), slog.Int("num_lost", len(ids)), slog.String("first_id", ids[0]))
 	return &LeaseLostError{IDs: ids}
-}
-
-func (s *Store) fencedClaim(ctx context.Context, db *sql.DB, query string, ids []string, token string, done map[string]bool) error {
-	rows, err := db.QueryContext(ctx, query, ids, token)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		done[id] = true
-	}
-	return rows.Err()
 }
 
 // MarkFailed records a failed attempt to publish msg: it adds one to the

@@ -79,8 +79,8 @@ func LogSettleSQL(s *Store) string { return s.log.settleSQL }
 // published, releases and marks failed messages of a table of the rows
 // layout, in the table's current mode.
 func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) {
-	q := s.queriesNow()
-	return q.claim, q.markPublished, q.release, q.markFailed
+	q := s.rows.Texts(s.Ordering() == OrderedByKey)
+	return q["claim"], q["markPublished"], q["release"], q["markFailed"]
 }
 
 // RotateLog rotates the batch and settle tables of the log store of s now,

@@ -592,7 +592,7 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 		return err
 	}
 	if s.be != nil {
-		return backendOps{s}.errNotOnBackend("creating a table of the log layout")
+		return s.backendOps().errNotOnBackend("creating a table of the log layout")
 	}
 	if err := s.t.checkNotSide(ctx, db); err != nil {
 		return err
@@ -666,7 +666,7 @@ func (s *Store) layout(ctx context.Context) (Layout, *logStore, error) {
 		return 0, nil, err
 	}
 	if s.be != nil {
-		l, err := backendOps{s}.layout(ctx, db)
+		l, err := s.backendOps().layout(ctx, db)
 		return l, nil, err
 	}
 	s.layoutMu.Lock()

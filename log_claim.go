@@ -283,7 +283,7 @@ func (ls *logStore) claimFailed(ctx context.Context, db *sql.DB, n int, lease ti
 		return nil, err
 	}
 	defer func() {
-		if ls.s.giveBack(ctx, db, ls.releaseFailedSQL, token.String(), err, false) { // see orphan.go
+		if ls.s.giveBack(ctx, execGiveBack(db, ls.releaseFailedSQL, token.String()), err, false) { // see orphan.go
 			ls.failedSoon()
 		}
 	}()

@@ -10,6 +10,7 @@ import (
 	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/pgerr"
 	"github.com/acemq/outbox/internal/pgschema"
+	"github.com/acemq/outbox/internal/pgsql"
 )
 
 // The operators' view of a table of LayoutLog. Pending messages are those
@@ -146,12 +147,8 @@ const logParkedSQL = `SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange,
 FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL` + pgParkedFilter + `
 ORDER BY o.parked_at DESC, coalesce(o.seq, 0) DESC LIMIT $1`
 
-// pgParkedFilter is the condition of a parked list on PostgreSQL, its
-// placeholders those of backend.ParkedQuery.Args.
-const pgParkedFilter = `
-  AND ($2::text = '' OR o.event_type = $2::text) AND ($3::text = '' OR o.event_key = $3::text)
-  AND ($4::text = '' OR strpos(coalesce(o.last_error, ''), $4::text) > 0)
-  AND ($5::bigint = 0 OR (o.parked_at, coalesce(o.seq, 0)) < ('epoch'::timestamptz + $5::bigint * interval '1 microsecond', $6::bigint))`
+// pgParkedFilter is the condition of a parked list on PostgreSQL.
+const pgParkedFilter = pgsql.ParkedFilter
 
 func (ls *logStore) parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]Message, error) {
 	rows, err := db.QueryContext(ctx, ls.parkedSQL, q.Args()...)

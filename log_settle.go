@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/acemq/outbox/internal/pgsql"
 	"github.com/acemq/outbox/internal/textcut"
 )
 
@@ -89,27 +90,12 @@ func (ls *logStore) settle(ctx context.Context, db *sql.DB, what string, kind by
 	return nil
 }
 
-// asyncCommit, evaluated in a statement, makes its transaction commit
-// without waiting for its WAL to reach the disk (synchronous_commit off,
-// for that transaction only). A log table's claims and the settles of its
-// batches commit so, and so do a rows table's claims, marks and releases:
-// they are the relay's bookkeeping, two commits per batch or more, and
-// each would otherwise wait for a flush of the WAL.
-// What a crash of the database can lose of them is the last few hundred
-// milliseconds (at most three times wal_writer_delay), and losing them
-// only makes the relay publish those messages again: a lost batch row
-// makes the next claim take its window again, a lost settle leaves its
-// messages to be taken over (on a rows table: a lost claim leaves the
-// messages to the next claim, a lost mark or release leaves them to be
-// claimed again after the lease). It never loses a message: the WAL is written
-// in order, so a record that did reach the disk (a later batch, a purge
-// that relied on the settles) brings every earlier commit with it.
-const asyncCommit = `set_config('synchronous_commit', 'off', true)`
-
-// asyncCondition is asyncCommit as a condition of a statement's WHERE: an
-// uncorrelated subquery, which PostgreSQL evaluates once, as a one-time
-// filter, before the statement writes a row.
-const asyncCondition = `(SELECT ` + asyncCommit + `) IS NOT NULL`
+// asyncCommit and asyncCondition make the bookkeeping of a log table's
+// claims and settles commit asynchronously (see pgsql.AsyncCommit).
+const (
+	asyncCommit    = pgsql.AsyncCommit
+	asyncCondition = pgsql.AsyncCondition
+)
 
 func (ls *logStore) settleBatch(ctx context.Context, db *sql.DB, kind byte, ref batchRef, ids []string, seqs []int64) (map[string]bool, error) {
 	res, err := db.ExecContext(ctx, ls.settleSQL, ref.batch, ref.gen, string(kind), seqs, ref.token.String())

@@ -1,8 +1,6 @@
 package outbox
 
 import (
-	"cmp"
-	"slices"
 	"time"
 )
 
@@ -66,22 +64,13 @@ type Message struct {
 	unfit string
 }
 
-// sortBySeq orders messages as they were written, by the database's order.
-func sortBySeq(msgs []Message) {
-	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) })
-}
-
 // claimRef is what a claim gave a message, typed by the layout that made
 // it: a mark or release of a message claimed from another layout (the
 // table was converted meanwhile) finds its lease lost.
 type claimRef interface{ claimRef() }
 
-// rowsClaim is the claim token a rows table's claim wrote in its rows.
-type rowsClaim string
-
 // failedClaim is the claim token written in a log table's failed rows.
 type failedClaim string
 
-func (rowsClaim) claimRef()   {}
 func (failedClaim) claimRef() {}
 func (batchRef) claimRef()    {}

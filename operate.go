@@ -251,14 +251,6 @@ func (s *Store) Reconcile(ctx context.Context) (held, unheld int64, err error) {
 	return ops.reconcile(ctx, db)
 }
 
-func (s *Store) execCount(ctx context.Context, db *sql.DB, what, query string, args ...any) (int64, error) {
-	res, err := db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: %s in %s: %w", what, s.t.full, err)
-	}
-	return res.RowsAffected()
-}
-
 // PurgePublished deletes published messages older than olderThan and
 // returns how many it deleted. Unpublished messages are never touched. It
 // works in batches of StoreConfig.PurgeBatchSize rows, one short statement
@@ -307,7 +299,7 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	}
 	if s.be != nil { // one kind of table, created as MySQLSchema says
 		defer s.scheduledMayExist()
-		return backendOps{s}.createRowsSchema(ctx, db)
+		return s.backendOps().createRowsSchema(ctx, db)
 	}
 	var exists bool
 	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", s.t.quoted).Scan(&exists); err != nil {
@@ -338,7 +330,7 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 	ops, err := s.ops(ctx)
 	switch {
 	case errors.As(err, new(noTableError)):
-		ops = rowsOps{s}
+		ops = s.rowsOps()
 	case err != nil:
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -204,14 +205,6 @@ func (s *Store) Ordering() Ordering {
 	return s.ordering
 }
 
-// queriesNow returns the statements of the store's mode now.
-func (s *Store) queriesNow() *queries {
-	if s.Ordering() == OrderedByKey {
-		return &s.qo
-	}
-	return &s.q
-}
-
 // knownUnordered reports whether the table was read unordered lately.
 func (s *Store) knownUnordered() bool {
 	return s.tm.mode.Load() == modeUnordered && time.Since(time.Unix(0, s.tm.at.Load())) < modeFresh
@@ -406,12 +399,11 @@ func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, d
 			return c, err
 		}
 	}
-	if err := db.QueryRowContext(ctx, s.q.pending).Scan(&c.Pending); err != nil {
+	n, err := s.rows.Counts(ctx, db, math.MaxInt64)
+	if err != nil {
 		return c, fmt.Errorf("outbox: converting %s: counting its messages: %w", s.t.full, err)
 	}
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+s.t.quoted+` WHERE `+held).Scan(&c.Held); err != nil {
-		return c, fmt.Errorf("outbox: converting %s: counting its messages: %w", s.t.full, err)
-	}
+	c.Pending, c.Held = n.Ready+n.InFlight+n.Retrying+n.Held+n.Parked, n.Held
 	if from == to {
 		return c, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/dberr"
 )
 
@@ -35,8 +36,7 @@ const giveBackTimeout = 2 * time.Second
 // failing the same way and holding up every message behind it; its lease
 // keeps it aside instead, and the claims after it take the others.
 func keepClaim(err error) bool {
-	var bad badRowError
-	return dberr.Database(err) != "" || errors.As(err, &bad)
+	return dberr.Database(err) != "" || errors.As(err, new(badRowError)) || errors.As(err, new(backend.BadRowError))
 }
 
 // badRowError is the failure to read a claimed row: a column that does not
@@ -46,23 +46,19 @@ type badRowError struct{ err error }
 func (e badRowError) Error() string { return e.err.Error() }
 func (e badRowError) Unwrap() error { return e.err }
 
-// giveBack runs query, which gives back what claim token took and returns
-// how many rows it changed, after a claim failed with err (what the caller
-// saw), unless keepClaim(err) says not to or, with committed, whatever err
-// says (the claim committed and its rows were read before err). It reports
-// whether it gave anything back. Errors are logged, not returned: the
-// claim's error is the one the caller needs.
-func (s *Store) giveBack(ctx context.Context, db *sql.DB, query, token string, err error, committed bool) bool {
+// giveBack runs release, which gives back what a claim took and returns
+// how many messages it changed, after the claim failed with err (what the
+// caller saw), unless keepClaim(err) says not to or, with committed,
+// whatever err says (the claim committed and its rows were read before
+// err). It reports whether it gave anything back. Errors are logged, not
+// returned: the claim's error is the one the caller needs.
+func (s *Store) giveBack(ctx context.Context, release func(context.Context) (int64, error), err error, committed bool) bool {
 	if err == nil || (!committed && keepClaim(err)) {
 		return false
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
-	res, rerr := db.ExecContext(rctx, query, token)
-	var n int64
-	if rerr == nil {
-		n, rerr = res.RowsAffected()
-	}
+	n, rerr := release(rctx)
 	switch {
 	case rerr != nil:
 		s.logger.DebugContext(ctx, "outbox: A claim failed and what it may have taken could not be given back at once; it is claimed again when its lease ends",
@@ -76,12 +72,16 @@ func (s *Store) giveBack(ctx context.Context, db *sql.DB, query, token string, e
 	return false
 }
 
-// releaseClaimSQL gives back the messages of a rows table that claim
-// token $1 took. Claimed messages are waiting ones: the claim index finds
-// them.
-const releaseClaimSQL = `UPDATE {table}
-SET claimed_until = NULL, claim_token = NULL
-WHERE {waiting} AND claim_token = $1::uuid`
+// execGiveBack is a give-back of one statement, bound to token.
+func execGiveBack(db *sql.DB, query, token string) func(context.Context) (int64, error) {
+	return func(ctx context.Context) (int64, error) {
+		res, err := db.ExecContext(ctx, query, token)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+}
 
 // releaseLogBatchSQL gives back the batch of a log table that claim token
 // $1 took (its first gen or a take-over's), as the relay releases one: a
@@ -99,7 +99,7 @@ WHERE claim_token = $1::uuid AND published_at IS NULL`
 // giveBackBatch is giveBack for the batch of a log table that claim token
 // took: the next claim takes it over.
 func (ls *logStore) giveBackBatch(ctx context.Context, db *sql.DB, token string, err error, committed bool) {
-	if ls.s.giveBack(ctx, db, ls.releaseBatchSQL, token, err, committed) {
+	if ls.s.giveBack(ctx, execGiveBack(db, ls.releaseBatchSQL, token), err, committed) {
 		ls.scanSoon()
 	}
 }

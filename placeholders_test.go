@@ -29,8 +29,10 @@ func TestStatementsHaveNoPlaceholderLeft(t *testing.T) {
 		for _, ordering := range []Ordering{Unordered, OrderedByKey} {
 			s, err := NewStore(nil, &StoreConfig{Table: name, Ordering: ordering})
 			require.NoError(t, err)
-			strs(name+" q", reflect.ValueOf(s.q))
-			strs(name+" qo", reflect.ValueOf(s.qo))
+			for what, text := range s.rows.Texts(ordering == OrderedByKey) {
+				texts[name+" rows "+ordering.String()+" "+what] = text
+			}
+			strs(name+" turns", reflect.ValueOf(s.turns))
 			ls := newLogStore(s, s.t.logTables())
 			strs(name+" log", reflect.ValueOf(ls).Elem())
 			l := s.t.logTables()

@@ -296,7 +296,7 @@ func (s *Store) Scheduled(ctx context.Context, limit int) ([]Message, error) {
 	case err != nil:
 		return nil, fmt.Errorf("outbox: listing the delayed messages of %s: %w", s.t.full, err)
 	}
-	return fromRows(rows, false), nil
+	return fromRows(rows), nil
 }
 
 // PublishNow makes the delayed messages among ids due now: a relay moves

@@ -15,6 +15,7 @@ import (
 	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/dbpool"
 	"github.com/acemq/outbox/internal/dialect"
+	"github.com/acemq/outbox/internal/pgrows"
 )
 
 // Defaults and limits of StoreConfig.
@@ -189,7 +190,8 @@ type Store struct {
 
 	readOnly dbpool.Leaver // drops the pool's connections to a server that accepts no writes
 
-	q, qo queries // the statements of unordered and of ordered mode
+	rows  *pgrows.Backend // the queue of a PostgreSQL table of the rows layout
+	turns keyTurns        // Add's statements that take the turns of its keys on PostgreSQL
 	tm    tableMode
 	layoutState
 	inserts [insertChunk + 1]string // INSERT text by row count, built on first use
@@ -250,8 +252,8 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		dueLook:       dueLook,
 		database:      database,
 		be:            newBackend(database, t),
-		q:             newQueries(t, false),
-		qo:            newQueries(t, true),
+		rows:          pgrows.New(pgrows.Table{Quoted: t.quoted, OrderedNow: t.orderedNow()}),
+		turns:         newKeyTurns(),
 	}
 	s.sched = newPGScheduler(t)
 	if s.be != nil {

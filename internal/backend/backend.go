@@ -32,16 +32,34 @@ type Row struct {
 	CreatedAt, ClaimedUntil, ParkedAt    time.Time
 	Attempts                             int
 	LastError                            string
-	Claim                                string    // the claim that returned it; "" when not claimed
+	Claim                                Claim     // the claim that returned it; nil when not claimed
+	Unfit                                string    // why the row cannot be relayed as written (a column that does not scan); "" when it can
 	Ord                                  int64     // its place in its key's order on an ordered table (0: none)
 	Due                                  time.Time // when a delayed message is due (ListScheduled)
 }
 
-// Ref names a claimed message to a settle: its seq and its key.
+// Ref names a claimed message to a settle: its id, its seq and its key.
 type Ref struct {
+	ID  string
 	Seq int64
 	Key string
 }
+
+// Claim is what a backend's claim wrote in the rows it took, of a type of
+// that backend's own: a settle given a claim of another type (a message
+// claimed from a table of another kind) finds its lease lost. Claims are
+// comparable: the messages of one claim are settled together.
+type Claim interface {
+	// Backend names the backend that made the claim.
+	Backend() string
+}
+
+// BadRowError is the failure to read a claimed row whose id cannot be
+// read either: nothing can be said of the row but the claim that took it.
+type BadRowError struct{ Err error }
+
+func (e BadRowError) Error() string { return e.Err.Error() }
+func (e BadRowError) Unwrap() error { return e.Err }
 
 // Counts are a table's messages by state, as Store.Stats and Store.Gauges
 // report them (see outbox.Stats): Ready + InFlight + Retrying + Held +
@@ -59,8 +77,12 @@ type Failure struct {
 	Parked   bool
 }
 
-// Backend keeps an outbox table in one database.
+// Backend keeps an outbox table in one database: its queue (the store's
+// contract), and the writes, schema, order and delayed messages of its
+// table.
 type Backend interface {
+	Queue
+
 	// InsertSQL is the statement that writes n rows of the eight columns
 	// id, event_type, event_key, exchange, routing_key, payload,
 	// content_type, headers (a JSON object as text), bound in that order;
@@ -90,51 +112,6 @@ type Backend interface {
 	// it writes their messages into an ordered table.
 	KeyTurnSQL(n int) string
 
-	// Claim takes up to n ready messages, in the order they were written,
-	// for lease, and no more of them than keep the bytes of the payloads
-	// and headers before the last one under maxBytes (one, however
-	// large). Each message is in at most one live claim. When ordered, a
-	// message of a key is claimed only with every unpublished message of
-	// its key before it, and the claim returns a key's messages in their
-	// order.
-	Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]Row, error)
-	// Settle marks published (or releases) the messages of refs that
-	// claim still holds, and returns the seqs of those it marked: the
-	// others' leases were lost. When ordered, a message published brings
-	// back the messages held behind it.
-	Settle(ctx context.Context, db *sql.DB, published bool, claim string, refs []Ref, ordered bool) (done []int64, err error)
-	// Fail counts a failed attempt at the message ref that claim still
-	// holds: it waits delay, or is parked when the attempts reach
-	// maxAttempts; when ordered, the later messages of its key are held
-	// behind it. ok is false when the claim was lost.
-	Fail(ctx context.Context, db *sql.DB, ref Ref, claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (f Failure, ok bool, err error)
-	// Maintain does the upkeep beside the claims, so that no claim waits
-	// for it; a relay calls it every 100ms.
-	Maintain(ctx context.Context, db *sql.DB) error
-	// Reconcile holds the waiting messages of keys whose first message
-	// has failed (ordered) and brings back the held messages of the
-	// others (all of them, unordered).
-	Reconcile(ctx context.Context, db *sql.DB, ordered bool) (held, unheld int64, err error)
-
-	// Pending counts the messages not published yet, all of them.
-	Pending(ctx context.Context, db *sql.DB) (int64, error)
-	// Counts reads the table's messages by state, each count stopping at
-	// limit (0: no limit, and PublishedLastHour is read too).
-	Counts(ctx context.Context, db *sql.DB, limit int64) (Counts, error)
-	// Parked lists up to q.Limit parked messages that match q, the
-	// latest parked first (by parked_at, then seq, both descending).
-	Parked(ctx context.Context, db *sql.DB, q ParkedQuery) ([]Row, error)
-	// ChangeParked retries (or discards) the parked messages among ids,
-	// every parked message when ids is nil (retry only), and returns how
-	// many it changed; the messages held behind them come back.
-	ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
-	// Purge deletes published messages older than olderThan, by the
-	// database's clock, in statements of at most batch rows, calling
-	// progress after each.
-	Purge(ctx context.Context, db *sql.DB, olderThan time.Duration, batch int, progress func(int64)) (int64, error)
-	// Purgeable counts what Purge would delete.
-	Purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error)
-
 	// ScheduleStatements create the table of delayed messages beside the
 	// table (idempotent); the down migration drops it apart.
 	ScheduleStatements() []string
@@ -161,6 +138,71 @@ type Backend interface {
 	// one not moved is tried again), or with discard deletes them, and
 	// returns how many it changed.
 	ChangeScheduled(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
+}
+
+// Queue is the store's contract over one table (../shared/seed): claims
+// by lease, fenced settles and failures, upkeep, counts, the parked
+// messages and purges. Every backend implements it; PostgreSQL's two
+// layouts and MySQL's table each in a package of its own.
+type Queue interface {
+	// Claim takes up to n ready messages, in the order they were written,
+	// for lease, and no more of them than keep the bytes of the payloads
+	// and headers before the last one under maxBytes (one, however
+	// large). Each message is in at most one live claim. When ordered, a
+	// message of a key is claimed only with every unpublished message of
+	// its key before it, and the claim returns a key's messages in their
+	// order.
+	//
+	// It returns the claim it made with the rows it took, and with an
+	// error when it had made one (see GiveBacker). A row that cannot be
+	// read as written is returned with Unfit set; one whose id cannot be
+	// read either fails the claim with a BadRowError.
+	Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]Row, Claim, error)
+	// Settle marks published (or releases) the messages of refs that
+	// claim still holds, and returns the indexes in refs of those it
+	// marked: the others' leases were lost. When ordered, a message
+	// published brings back the messages held behind it.
+	Settle(ctx context.Context, db *sql.DB, published bool, claim Claim, refs []Ref, ordered bool) (done []int, err error)
+	// Fail counts a failed attempt at the message ref that claim still
+	// holds: it waits delay, or is parked when the attempts reach
+	// maxAttempts; when ordered, the later messages of its key are held
+	// behind it. ok is false when the claim was lost.
+	Fail(ctx context.Context, db *sql.DB, ref Ref, claim Claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (f Failure, ok bool, err error)
+	// Maintain does the upkeep beside the claims, so that no claim waits
+	// for it; a relay calls it every 100ms.
+	Maintain(ctx context.Context, db *sql.DB) error
+	// Reconcile holds the waiting messages of keys whose first message
+	// has failed (ordered) and brings back the held messages of the
+	// others (all of them, unordered).
+	Reconcile(ctx context.Context, db *sql.DB, ordered bool) (held, unheld int64, err error)
+
+	// Pending counts the messages not published yet, all of them.
+	Pending(ctx context.Context, db *sql.DB) (int64, error)
+	// Counts reads the table's messages by state, each count stopping at
+	// limit (0: no limit, and PublishedLastHour is read too).
+	Counts(ctx context.Context, db *sql.DB, limit int64) (Counts, error)
+	// Parked lists up to q.Limit parked messages that match q, the
+	// latest parked first (by parked_at, then seq, both descending).
+	Parked(ctx context.Context, db *sql.DB, q ParkedQuery) ([]Row, error)
+	// ChangeParked retries (or discards) the parked messages among ids,
+	// every parked message when ids is nil (retry only), and returns how
+	// many it changed; the messages held behind them come back.
+	ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
+	// Purge deletes published messages older than olderThan, by the
+	// database's clock, in statements of at most batch rows, calling
+	// progress after each.
+	Purge(ctx context.Context, db *sql.DB, olderThan time.Duration, batch int, progress func(int64)) (int64, error)
+	// Purgeable counts what Purge would delete.
+	Purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error)
+}
+
+// A GiveBacker gives back at once what a claim that failed may have taken
+// all the same (its context ended, or its connection was lost, while or
+// after the server committed it), instead of leaving it to its lease. It
+// returns how many messages it gave back. Giving back a claim that did
+// not commit changes nothing.
+type GiveBacker interface {
+	GiveBack(ctx context.Context, db *sql.DB, claim Claim) (int64, error)
 }
 
 // NoneDue is what Promote returns as the next due time when no delayed

@@ -19,43 +19,53 @@ type candidate struct {
 	key            string
 }
 
-// Claim implements backend.Backend.
-func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]backend.Row, error) {
+// Claim is the claim token a claim wrote in the rows it took.
+type Claim string
+
+// Backend implements backend.Claim.
+func (Claim) Backend() string { return "mysql" }
+
+// Claim implements backend.Queue.
+func (s *Store) Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]backend.Row, backend.Claim, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
-		return nil, fmt.Errorf("generating claim token: %w", err)
+		return nil, nil, fmt.Errorf("generating claim token: %w", err)
 	}
+	c := Claim(token.String())
 	if !ordered {
 		var claimed []backend.Row
 		err = readCommitted(ctx, db, func(tx *sql.Tx) error {
-			claimed, err = s.lockRows(ctx, tx, n, lease, maxBytes, token.String())
+			claimed, err = s.lockRows(ctx, tx, n, lease, maxBytes, c)
 			return err
 		})
-		return claimed, err
+		return claimed, c, err
 	}
 	var seqs []int64
 	err = readCommitted(ctx, db, func(tx *sql.Tx) error {
-		seqs, err = s.lockOrdered(ctx, tx, n, lease, maxBytes, token.String())
+		seqs, err = s.lockOrdered(ctx, tx, n, lease, maxBytes, string(c))
 		return err
 	})
 	if err != nil || len(seqs) == 0 {
-		return nil, err
+		return nil, c, err
 	}
 	rows, err := db.QueryContext(ctx, s.list("claimed", `SELECT {columns} FROM {table} FORCE INDEX (PRIMARY) WHERE claim_token = ? AND seq IN ({in}) ORDER BY seq`, len(seqs)),
-		args(seqs, token.String())...)
+		args(seqs, string(c))...)
 	if err != nil {
-		return nil, fmt.Errorf("reading the claimed messages: %w", err)
+		return nil, c, fmt.Errorf("reading the claimed messages: %w", err)
 	}
 	claimed, err := scanRows(rows)
+	for i := range claimed {
+		claimed[i].Claim = c
+	}
 	inKeyOrder(claimed)
-	return claimed, err
+	return claimed, c, err
 }
 
 // lockRows is an unordered claim's transaction: the ready rows locked and
 // read whole, in the order of seq, those within the byte window kept (the
 // others are read on, not kept, so that memory holds the window and no
 // more) and leased.
-func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token string) ([]backend.Row, error) {
+func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Duration, maxBytes int64, token Claim) ([]backend.Row, error) {
 	from, start := s.low.from(), time.Now()
 	rows, err := tx.QueryContext(ctx, s.q.candidates, lease.Microseconds(), from, n)
 	if err != nil {
@@ -71,12 +81,13 @@ func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Dura
 		var (
 			r                                 backend.Row
 			created, claimed, parked, size, u int64
+			was                               string // the claim token the row carried
 		)
 		if len(kept) > 0 && before >= maxBytes {
 			continue // read on, keeping nothing
 		}
 		if err := rows.Scan(&r.Seq, &r.ID, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload, &r.ContentType, &r.Headers,
-			&created, &r.Attempts, &r.LastError, &r.Claim, &claimed, &parked, &r.Ord, &size, &u); err != nil {
+			&created, &r.Attempts, &r.LastError, &was, &claimed, &parked, &r.Ord, &size, &u); err != nil {
 			return nil, err
 		}
 		r.CreatedAt, r.ParkedAt, r.ClaimedUntil, r.Claim = fromMicros(created), fromMicros(parked), fromMicros(u), token
@@ -96,7 +107,7 @@ func (s *Store) lockRows(ctx context.Context, tx *sql.Tx, n int, lease time.Dura
 		seqs[i] = r.Seq
 	}
 	_, err = tx.ExecContext(ctx, s.list("lease", `UPDATE {table} FORCE INDEX (PRIMARY) SET claimed_until = {now} + INTERVAL ? MICROSECOND, claim_token = ? WHERE seq IN ({in})`, len(seqs)),
-		args(seqs, lease.Microseconds(), token)...)
+		args(seqs, lease.Microseconds(), string(token))...)
 	return kept, err
 }
 
@@ -159,10 +170,32 @@ func (s *Store) candidates(ctx context.Context, tx *sql.Tx, query string, n int,
 // Settle implements backend.Backend. A message published keeps the token
 // of the claim that published it, so that a mark repeated after a reply
 // that was lost (the first one committed) finds it its own.
-func (s *Store) Settle(ctx context.Context, db *sql.DB, published bool, claim string, refs []backend.Ref, ordered bool) ([]int64, error) {
-	if len(refs) == 0 {
-		return nil, nil
+func (s *Store) Settle(ctx context.Context, db *sql.DB, published bool, bc backend.Claim, refs []backend.Ref, ordered bool) ([]int, error) {
+	c, ok := bc.(Claim)
+	if len(refs) == 0 || !ok {
+		return nil, nil // no claim of this backend's: every lease lost
 	}
+	done, err := s.settle(ctx, db, published, string(c), refs, ordered)
+	return indexesOf(refs, done), err
+}
+
+// indexesOf returns the indexes in refs of the messages of seqs.
+func indexesOf(refs []backend.Ref, seqs []int64) []int {
+	at := make(map[int64]int, len(refs))
+	for i, r := range refs {
+		at[r.Seq] = i
+	}
+	idx := make([]int, 0, len(seqs))
+	for _, q := range seqs {
+		if i, ok := at[q]; ok {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// settle is Settle by seq: it returns the seqs of the messages marked.
+func (s *Store) settle(ctx context.Context, db *sql.DB, published bool, claim string, refs []backend.Ref, ordered bool) ([]int64, error) {
 	seqs := make([]int64, len(refs))
 	for i, r := range refs {
 		seqs[i] = r.Seq
@@ -215,9 +248,13 @@ func (s *Store) release(ctx context.Context, db *sql.DB, claim string, seqs []in
 	return done, err
 }
 
-// Fail implements backend.Backend.
-func (s *Store) Fail(ctx context.Context, db *sql.DB, ref backend.Ref, claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (backend.Failure, bool, error) {
-	res, err := db.ExecContext(ctx, s.q.fail, maxAttempts, reason, delay.Microseconds(), ref.Seq, claim)
+// Fail implements backend.Queue.
+func (s *Store) Fail(ctx context.Context, db *sql.DB, ref backend.Ref, bc backend.Claim, reason string, delay time.Duration, maxAttempts int, ordered bool) (backend.Failure, bool, error) {
+	c, ok := bc.(Claim)
+	if !ok {
+		return backend.Failure{}, false, nil
+	}
+	res, err := db.ExecContext(ctx, s.q.fail, maxAttempts, reason, delay.Microseconds(), ref.Seq, string(c))
 	if err != nil {
 		return backend.Failure{}, false, err
 	}

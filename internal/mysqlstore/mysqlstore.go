@@ -288,9 +288,10 @@ func scanRows(rows *sql.Rows) ([]backend.Row, error) {
 		var (
 			r                         backend.Row
 			created, claimed, parkedU int64
+			token                     string // the claim's, set by Claim
 		)
 		if err := rows.Scan(&r.Seq, &r.ID, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload, &r.ContentType, &r.Headers,
-			&created, &r.Attempts, &r.LastError, &r.Claim, &claimed, &parkedU, &r.Ord); err != nil {
+			&created, &r.Attempts, &r.LastError, &token, &claimed, &parkedU, &r.Ord); err != nil {
 			return nil, err
 		}
 		r.CreatedAt, r.ClaimedUntil, r.ParkedAt = fromMicros(created), fromMicros(claimed), fromMicros(parkedU)
