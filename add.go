@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -16,7 +14,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/acemq/outbox/internal/dberr"
-	"github.com/acemq/outbox/internal/pgerr"
 )
 
 // Execer is what Add writes through: the caller's open transaction.
@@ -161,13 +158,13 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 		args = append(args, row[:]...)
 		keyed = append(keyed, evts[i])
 	}
-	if err := s.lockKeys(ctx, tx, keyed); err != nil {
+	if err := s.st.lockKeys(ctx, tx, keyed); err != nil {
 		return nil, err
 	}
 	var stmts []statement
 	for start := 0; start < len(args); start += insertChunk * insertColumns {
 		chunk := args[start:min(start+insertChunk*insertColumns, len(args))]
-		stmts = append(stmts, statement{s.insertSQL(len(chunk) / insertColumns), chunk})
+		stmts = append(stmts, statement{s.st.insertSQL(len(chunk) / insertColumns), chunk})
 	}
 	for start := 0; start < len(delayed); start += insertChunk * scheduleColumns {
 		chunk := delayed[start:min(start+insertChunk*scheduleColumns, len(delayed))]
@@ -177,7 +174,7 @@ func (s *Store) AddIDs(ctx context.Context, tx Execer, evts ...Event) ([]string,
 		if len(delayed) > 0 && dberr.Classify(err) == dberr.NoTable {
 			err = fmt.Errorf("%w (delayed events wait in %s_scheduled: bring the table up to date with `outbox schema --apply`, Store.CreateSchemaIfAbsent or the migration 000002_scheduled)", err, s.t.full)
 		}
-		return nil, s.explainWrite(err)
+		return nil, s.st.explainWrite(err)
 	}
 	if len(keyed) > 0 {
 		s.Notify()
@@ -222,92 +219,6 @@ func (s *Store) write(ctx context.Context, tx Execer, n int, stmts []statement) 
 	}
 	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT outbox_add"); err != nil {
 		return fmt.Errorf("outbox: writing %d events into %s: %w", n, s.t.full, err)
-	}
-	return nil
-}
-
-// explainWrite marks a unique violation of the table's primary key (an
-// event's ID already written) with ErrDuplicateID, and explains a pooler in
-// the way.
-func (s *Store) explainWrite(err error) error {
-	if s.be != nil {
-		if id, ok := s.be.DuplicateID(err); ok {
-			return fmt.Errorf("%w: %s is already in %s: %w", ErrDuplicateID, id, s.t.full, err)
-		}
-		return err
-	}
-	switch pgerr.State(err) {
-	case "23505":
-		// The DETAIL of a unique violation names the key: "Key (id)=(…)
-		// already exists."
-		if id, ok := strings.CutPrefix(pgerr.Detail(err), "Key (id)=("); ok {
-			if id, ok = strings.CutSuffix(id, ") already exists."); ok {
-				return fmt.Errorf("%w: %s is already in %s: %w", ErrDuplicateID, id, s.t.full, err)
-			}
-		}
-		return fmt.Errorf("%w: an event's ID is already in %s: %w", ErrDuplicateID, s.t.full, err)
-	case "42P05", "26000":
-		return fmt.Errorf("%w (%s)", err, PoolerHint)
-	}
-	return err
-}
-
-// arrayElem escapes a quoted element of a PostgreSQL array literal.
-var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
-
-// lockKeys makes the writers of each key of evts take turns, in the order
-// of their slots. A store in ordered mode takes them always. An unordered
-// one, when evts have several keys and the table may be ordered (its
-// trigger would take them row by row, and two writers could deadlock),
-// takes them if the table is ordered, and learns that it is not for a while.
-func (s *Store) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
-	if s.be != nil {
-		return s.backendOps().takeTurns(ctx, tx, evts)
-	}
-	ordered := s.ordering == OrderedByKey
-	if !ordered && (len(evts) < 2 || s.knownUnordered()) {
-		return nil // the common write of an unordered store: nothing to gather
-	}
-	var keys []string
-	for i := range evts {
-		if evts[i].Key != "" {
-			keys = append(keys, evts[i].Key)
-		}
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	if !ordered && len(keys) < 2 {
-		return nil
-	}
-	// An array literal rather than a []string: the writer's driver is the
-	// application's, and not every driver takes slices.
-	var lit strings.Builder
-	lit.WriteByte('{')
-	for i, k := range keys {
-		if i > 0 {
-			lit.WriteByte(',')
-		}
-		lit.WriteByte('"')
-		arrayElem.WriteString(&lit, k)
-		lit.WriteByte('"')
-	}
-	lit.WriteByte('}')
-	if ordered {
-		if _, err := tx.ExecContext(ctx, s.turns.lock, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger())); err != nil {
-			return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
-		}
-		return nil
-	}
-	res, err := tx.ExecContext(ctx, s.turns.lockIfOrdered, s.t.full, lit.String(), s.t.keyTurnSetting(), s.t.qualified(s.t.orderTrigger()),
-		s.t.quoted, s.t.orderTrigger())
-	if err != nil {
-		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		s.tm.set(Unordered) // not ordered: skip this statement for a while
 	}
 	return nil
 }
@@ -456,39 +367,4 @@ func headerFault(k, v string) string {
 // validText reports whether PostgreSQL can store s as text unchanged.
 func validText(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
-}
-
-// insertSQL returns the INSERT statement for n rows, built once per n so that
-// drivers and pools that prepare statements see a small, fixed set of texts.
-func (s *Store) insertSQL(n int) string {
-	if s.be != nil {
-		return s.be.InsertSQL(n)
-	}
-	s.insMu.Lock()
-	defer s.insMu.Unlock()
-	if q := s.inserts[n]; q != "" {
-		return q
-	}
-	var b strings.Builder
-	b.WriteString("INSERT INTO " + s.t.quoted + " (id, event_type, event_key, exchange, routing_key, payload, content_type, headers) VALUES ")
-	p := 1
-	for r := 0; r < n; r++ {
-		if r > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('(')
-		for c := 0; c < insertColumns; c++ {
-			if c > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("$" + strconv.Itoa(p))
-			if c == insertColumns-1 {
-				b.WriteString("::jsonb")
-			}
-			p++
-		}
-		b.WriteByte(')')
-	}
-	s.inserts[n] = b.String()
-	return s.inserts[n]
 }

@@ -7,11 +7,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/mysqlstore"
 )
 
 // backendOps is a table kept by a backend of package backend: MySQL's.
-type backendOps struct{ queueOps }
+type backendOps struct {
+	queueOps
+	be backend.Backend
+}
 
 // readOrder reads whether the table is ordered (has its order trigger).
 // Its order is numbered by the keys' turns, never by a sequence that
@@ -115,16 +119,4 @@ func (b backendOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
 
 func (b backendOps) convertToLog(context.Context, *sql.DB, bool, time.Duration) (Conversion, error) {
 	return Conversion{}, b.errNotOnBackend("converting to the log layout")
-}
-
-// layout is Store.layout on a backend's table: LayoutRows when it exists.
-func (b backendOps) layout(ctx context.Context, db *sql.DB) (Layout, error) {
-	ok, err := b.be.Exists(ctx, db)
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("outbox: reading the layout of %s: %w", b.t.full, err)
-	case !ok:
-		return 0, noTableError{b.t.full}
-	}
-	return LayoutRows, nil
 }

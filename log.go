@@ -2,15 +2,11 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/acemq/outbox/internal/pgerr"
-	"github.com/acemq/outbox/internal/pgschema"
 )
 
 // Layout is how an outbox table keeps its messages. It is a property of the
@@ -591,21 +587,7 @@ func (s *Store) CreateLogSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.be != nil {
-		return s.backendOps().errNotOnBackend("creating a table of the log layout")
-	}
-	if err := s.t.checkNotSide(ctx, db); err != nil {
-		return err
-	}
-	ddl := s.t.logSQL(s.t.logTables()) + s.t.scheduledSQL()
-	if s.ordering == OrderedByKey {
-		ddl += s.t.logOrderDDL(s.t.logTables())
-	}
-	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, ddl); err != nil {
-		return fmt.Errorf("outbox: creating log schema of %s: %w%s", s.t.full, err, DuplicateIDsAdvice(s.t.full, err))
-	}
-	s.forgetLayout()
-	return nil
+	return s.st.createLogSchema(ctx, db)
 }
 
 // DuplicateIDsAdvice explains the failure of the log layout's DDL to
@@ -632,14 +614,6 @@ func (e noTableError) Error() string {
 
 func (noTableError) SQLState() string { return "42P01" }
 
-// layoutState caches the layout of a Store's table, read once from the
-// database.
-type layoutState struct {
-	layoutMu    sync.Mutex
-	layoutKnown Layout
-	log         *logStore
-}
-
 // Layout reads the table's layout from the database: LayoutLog when the
 // table has the log layout's marker, LayoutRows when it has the columns of
 // the rows layout. A table that is neither is refused with an error
@@ -652,75 +626,7 @@ type layoutState struct {
 // log --apply` (CreateLogSchemaIfAbsent) mends those. The name of an
 // object the log layout makes beside an outbox table (its failed table, a
 // partition, …) is refused with ErrInvalidTable: it is not an outbox table.
-func (s *Store) Layout(ctx context.Context) (Layout, error) {
-	l, _, err := s.layout(ctx)
-	return l, err
-}
-
-// layout is Layout, and returns the table's log store with it (nil for the
-// rows layout), read under the same lock: a change of layout (relayout)
-// makes the next call read the table again and replace the log store.
-func (s *Store) layout(ctx context.Context) (Layout, *logStore, error) {
-	db, err := s.pool()
-	if err != nil {
-		return 0, nil, err
-	}
-	if s.be != nil {
-		l, err := s.backendOps().layout(ctx, db)
-		return l, nil, err
-	}
-	s.layoutMu.Lock()
-	defer s.layoutMu.Unlock()
-	if s.layoutKnown != 0 {
-		return s.layoutKnown, s.log, nil
-	}
-	if err := s.t.checkNotSide(ctx, db); err != nil {
-		return 0, nil, err
-	}
-	l := s.t.logTables()
-	var (
-		kind          sql.NullString
-		rows, hasMeta bool
-	)
-	err = db.QueryRowContext(ctx, `SELECT c.relkind::text,
-	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'published_at' AND NOT attisdropped),
-	to_regclass($2) IS NOT NULL
-FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.oid`, s.t.quoted, l.meta).Scan(&kind, &rows, &hasMeta)
-	if err != nil {
-		return 0, nil, fmt.Errorf("outbox: reading the layout of %s: %w", s.t.full, err)
-	}
-	switch {
-	case !kind.Valid:
-		return 0, nil, noTableError{s.t.full}
-	case hasMeta && kind.String == "p":
-		checked, claimMark, layout, err := s.readLogTables(ctx, db, l)
-		if err != nil {
-			return layout, nil, err
-		}
-		if rev := claimRevision(claimMark); rev < logClaimRevision {
-			s.logger.WarnContext(ctx, "outbox: The table's claim function is older than this version of the library's: relaying works, but each claim costs more than it needs to; `outbox schema --layout log --apply` (Store.CreateLogSchemaIfAbsent) replaces it online",
-				slog.String("table", s.t.full), slog.Int("claim_revision", rev), slog.Int("current_revision", logClaimRevision))
-		}
-		// Read again (a statement found the table changed): the new log
-		// store starts where the old one's low-water mark was, not from
-		// the first batch (unfinished starts again from 0 by itself if the
-		// table was emptied).
-		old := s.log
-		s.log = newLogStore(s, checked)
-		if old != nil {
-			old.mu.Lock()
-			s.log.low = old.low
-			old.mu.Unlock()
-		}
-		s.layoutKnown = LayoutLog
-	case rows && kind.String == "r":
-		s.layoutKnown = LayoutRows
-	default:
-		return 0, nil, fmt.Errorf("%w: %s is neither an outbox table of the rows layout (no published_at column) nor one of the log layout (no %s table): is it an outbox table?",
-			ErrInvalidTable, s.t.full, l.meta)
-	}
-	return s.layoutKnown, s.log, nil
-}
+func (s *Store) Layout(ctx context.Context) (Layout, error) { return s.st.layout(ctx) }
 
 // claimRevision reads the revision of a claim function from its comment:
 // 1 for a function without the mark (created before revisions were
@@ -732,24 +638,6 @@ func claimRevision(comment string) int {
 		return 1
 	}
 	return n
-}
-
-// logged returns the log store when the table has LayoutLog, nil for the
-// rows layout, and the error when the layout cannot be read (the table is
-// missing, the database does not answer): the rows layout's statements
-// never run on a table whose layout is not known.
-func (s *Store) logged(ctx context.Context) (*logStore, error) {
-	if s.db == nil {
-		return nil, nil
-	}
-	l, ls, err := s.layout(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if l == LayoutLog {
-		return ls, nil
-	}
-	return nil, nil
 }
 
 // lockKey is the advisory lock that serialises the claims of a log table.

@@ -180,7 +180,7 @@ func (s *Store) logFault(ctx context.Context, err error) error {
 		return err
 	}
 	s.forgetLayout()
-	if _, _, lerr := s.layout(ctx); errors.Is(lerr, ErrInvalidTable) {
+	if _, _, lerr := (pgStorage{s}).readLayout(ctx); errors.Is(lerr, ErrInvalidTable) {
 		return fmt.Errorf("%w (%v)", lerr, err)
 	}
 	return err

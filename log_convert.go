@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/acemq/outbox/internal/pgerr"
 )
 
 // Conversion is what ConvertToLog did, or would do.
@@ -191,19 +189,11 @@ SELECT id, event_type, event_key, exchange, routing_key, payload, content_type, 
 // forgetLayout makes the next relay-side call read the table's layout
 // again.
 func (s *Store) forgetLayout() {
-	s.layoutMu.Lock()
-	s.layoutKnown = 0
-	s.layoutMu.Unlock()
+	s.st.forget()
 	s.scheduledMayExist()
 }
 
 // relayout forgets the layout when err says that the table is not what the
 // statement expected (a column or the table is missing): it may have been
 // converted while this Store ran. It returns err.
-func (s *Store) relayout(err error) error {
-	switch pgerr.State(err) {
-	case "42703", "42P01", "42883":
-		s.forgetLayout()
-	}
-	return err
-}
+func (s *Store) relayout(err error) error { return s.st.tableChanged(err) }

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -297,24 +296,8 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.be != nil { // one kind of table, created as MySQLSchema says
-		defer s.scheduledMayExist()
-		return s.backendOps().createRowsSchema(ctx, db)
-	}
-	var exists bool
-	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", s.t.quoted).Scan(&exists); err != nil {
-		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
-	}
-	if !exists {
-		return s.CreateLogSchemaIfAbsent(ctx)
-	}
-	switch l, err := s.Layout(ctx); {
-	case l == LayoutLog: // of an older version too: brought up to date
-		return s.CreateLogSchemaIfAbsent(ctx)
-	case err != nil:
-		return err
-	}
-	return s.CreateRowsSchemaIfAbsent(ctx)
+	defer s.scheduledMayExist()
+	return s.st.createSchema(ctx, db)
 }
 
 // CreateRowsSchemaIfAbsent creates the outbox table in LayoutRows and its
@@ -327,14 +310,8 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ops, err := s.ops(ctx)
-	switch {
-	case errors.As(err, new(noTableError)):
-		ops = s.rowsOps()
-	case err != nil:
-		return err
-	}
-	return ops.createRowsSchema(ctx, db)
+	defer s.scheduledMayExist()
+	return s.st.createRowsSchema(ctx, db)
 }
 
 // createRowsSchema is CreateRowsSchemaIfAbsent on a table of the rows
@@ -444,14 +421,8 @@ func (s *Store) Gauges(ctx context.Context, limit int64) (Gauges, error) {
 // of NotifySchema, without which LISTEN wakes nothing.
 func (s *Store) HasNotifyTrigger(ctx context.Context) (bool, error) {
 	db, err := s.pool()
-	if err != nil || s.be != nil { // LISTEN/NOTIFY is PostgreSQL's
+	if err != nil {
 		return false, err
 	}
-	var ok bool
-	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`,
-		s.t.quoted, s.t.trigger()).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("outbox: looking for the NOTIFY trigger of %s: %w", s.t.full, err)
-	}
-	return ok, nil
+	return s.st.hasNotifyTrigger(ctx, db)
 }

@@ -52,26 +52,8 @@ type layoutOps interface {
 	convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error)
 }
 
-// ops returns the operations of the table's layout, read from the table
-// (once, see Store.layout).
-func (s *Store) ops(ctx context.Context) (layoutOps, error) {
-	if s.be != nil {
-		return s.backendOps(), nil
-	}
-	ls, err := s.logged(ctx)
-	switch {
-	case err != nil:
-		return nil, err
-	case ls != nil:
-		return logOps{ls}, nil
-	}
-	return s.rowsOps(), nil
-}
-
-// rowsOps and backendOps are the operations of the store's rows table, on
-// PostgreSQL and on another database.
-func (s *Store) rowsOps() rowsOps       { return rowsOps{queueOps{s, s.rows}} }
-func (s *Store) backendOps() backendOps { return backendOps{queueOps{s, s.be}} }
+// ops returns the operations of the table's kind (see storage).
+func (s *Store) ops(ctx context.Context) (layoutOps, error) { return s.st.ops(ctx) }
 
 // dbOps is ops with the store's pool.
 func (s *Store) dbOps(ctx context.Context) (*sql.DB, layoutOps, error) {

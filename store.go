@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/dbpool"
 	"github.com/acemq/outbox/internal/dialect"
 	"github.com/acemq/outbox/internal/pgrows"
@@ -179,8 +177,8 @@ type Store struct {
 	newID         func() (uuid.UUID, error) // uuid.NewV7; tests skew its clock
 
 	database Database
-	be       backend.Backend // the table's backend on a database other than PostgreSQL, else nil
-	sched    scheduler       // its delayed messages' statements
+	st       storage   // the database's: PostgreSQL's, or a backend's (see storage)
+	sched    scheduler // its delayed messages' statements
 
 	schedAbsentUntil atomic.Int64  // unix ns: the table had no scheduled table lately; MoveDue and Maintain look again after it
 	lookAt           atomic.Int64  // unix ns: MoveDue makes no statement before it
@@ -190,12 +188,8 @@ type Store struct {
 
 	readOnly dbpool.Leaver // drops the pool's connections to a server that accepts no writes
 
-	rows  *pgrows.Backend // the queue of a PostgreSQL table of the rows layout
-	turns keyTurns        // Add's statements that take the turns of its keys on PostgreSQL
-	tm    tableMode
-	layoutState
-	inserts [insertChunk + 1]string // INSERT text by row count, built on first use
-	insMu   sync.Mutex
+	tm      tableMode
+	pgState // on PostgreSQL
 }
 
 // NewStore returns a Store on the table that cfg names. db is the relay's own
@@ -251,13 +245,13 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		newID:         uuid.NewV7,
 		dueLook:       dueLook,
 		database:      database,
-		be:            newBackend(database, t),
-		rows:          pgrows.New(pgrows.Table{Quoted: t.quoted, OrderedNow: t.orderedNow()}),
-		turns:         newKeyTurns(),
 	}
-	s.sched = newPGScheduler(t)
-	if s.be != nil {
-		s.sched = backendScheduler{s.be}
+	if be := newBackend(database, t); be != nil {
+		s.st, s.sched = newStorage(s, be), backendScheduler{be}
+	} else {
+		s.st, s.sched = newStorage(s, nil), newPGScheduler(t)
+		s.rows = pgrows.New(pgrows.Table{Quoted: t.quoted, OrderedNow: t.orderedNow()})
+		s.turns = newKeyTurns()
 	}
 	if s.backoff == nil {
 		s.backoff = ExponentialBackoff(time.Second, 10*time.Minute)
