@@ -32,6 +32,7 @@ type logStore struct {
 	// log_operate.go
 	countsSQL, parkedSQL, retrySQL, retryAllSQL, discardSQL, discardAllSQL string
 	horizonSQL, purgeFailedSQL                                             string
+	rotationSQL                                                            string
 
 	mu  sync.Mutex
 	low int64 // no batch below it is unfinished, as far as this store has seen
@@ -40,6 +41,7 @@ type logStore struct {
 	// server whose batch table may have lost what low was learnt from.
 	server string
 	looks
+	rot rotated
 	now func() time.Time
 }
 
@@ -50,6 +52,7 @@ func newLogStore(s *Store, l logTables) *logStore {
 		"{blocked}", logBlocked(s.t, l), "{ordered}", s.t.orderedNow())
 	ls := &logStore{s: s, l: l, looks: looks{lookEvery: lookEvery}, now: time.Now}
 	ls.claimSQL = `SELECT * FROM ` + l.claimFn + `($1, $2, $3, $4::uuid, $5)`
+	ls.rotationSQL = `SELECT CASE WHEN is_called THEN last_value ELSE 0 END, (SELECT max(batch_id) FROM ` + l.batch + `) FROM ` + l.seq
 	ls.releaseBatchSQL, ls.releaseFailedSQL = r.Replace(releaseLogBatchSQL), r.Replace(releaseLogFailedSQL)
 	ls.countsSQL, ls.parkedSQL, ls.horizonSQL, ls.purgeFailedSQL = r.Replace(logCountsSQL), r.Replace(logParkedSQL), r.Replace(logHorizonSQL), r.Replace(logPurgeFailedSQL)
 	ls.retrySQL, ls.retryAllSQL = r.Replace(logChangeParked(logRetrySet, true)), r.Replace(logChangeParked(logRetrySet, false))

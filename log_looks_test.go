@@ -52,10 +52,8 @@ func TestLogMaintainMakesTheLooks(t *testing.T) {
 // (every second by the store's clock), as claims do when nothing calls it.
 func TestLogMaintainRotates(t *testing.T) {
 	ctx := context.Background()
-	b := setupLogSized(t, nil, 10, 4, 4)
-	_, err := b.store.Layout(ctx)
-	require.NoError(t, err)
-	now := time.Now()
+	b, clock := setupSmallLogClock(t)
+	now := *clock
 	outbox.SetLogClock(b.store, func() time.Time { return now })
 	require.NoError(t, b.store.Maintain(ctx))
 	for range 12 { // batches 1 to 12: partitions 0 to 3 of 4 batch ids each
@@ -68,6 +66,34 @@ func TestLogMaintainRotates(t *testing.T) {
 	require.NoError(t, b.store.Maintain(ctx))
 	assert.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM `+part1), "finished partition 1 rotated")
 	assert.Zero(t, dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_batch_p2"`), "finished partition 2 rotated")
+}
+
+// TestLogRotationKeepsUpAcrossWraps: the rotation remembers which
+// partitions it found empty, to look at them again only when writers or
+// batch ids move on, and keeps emptying the partitions behind them as
+// they go round four times (events) and twice (batches): the table holds
+// no more than three partitions of events and two of batches at any time.
+func TestLogRotationKeepsUpAcrossWraps(t *testing.T) {
+	ctx := context.Background()
+	b, clock := setupSmallLogClock(t)
+	now := *clock
+	outbox.SetLogClock(b.store, func() time.Time { return now })
+	for step := range 16 { // 10 events a step; 2 batches of 7 and 3
+		evts := make([]outbox.Event, 10)
+		for i := range evts {
+			evts[i] = outbox.Event{Type: "e", Payload: []byte("z")}
+		}
+		b.addCommitted(t, evts...)
+		require.Equal(t, 10, relayAll(t, b.store))
+		require.NoError(t, b.store.Maintain(ctx))
+		now = now.Add(time.Second)
+		require.NoError(t, b.store.Maintain(ctx)) // the rotation is due every second
+		events := dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`"`)
+		batches := dbtest.Count(t, b.db, `SELECT count(*) FROM "`+b.table+`_batch"`)
+		require.LessOrEqual(t, events, int64(30), "step %d: the partition after the next one emptied", step)
+		require.LessOrEqual(t, batches, int64(8), "step %d: finished batch partitions emptied", step)
+	}
+	assert.Equal(t, int64(160), dbtest.Count(t, b.db, `SELECT coalesce(max(seq), 0) FROM "`+b.table+`"`), "the writers went round four times")
 }
 
 // TestMaintainOnRows: a table of LayoutRows needs no upkeep.
@@ -85,6 +111,18 @@ func (b *testBundle) awaitLapse(t *testing.T, msgs []outbox.Message) {
 	for deadline := time.Now().Add(10 * time.Second); dbtest.Count(t, b.db, `SELECT count(*) FROM (SELECT WHERE now() > $1) AS x`, msgs[0].ClaimedUntil) == 0; {
 		require.True(t, time.Now().Before(deadline), "the lease not over in 10s")
 	}
+}
+
+// setupSmallLogClock is a log table of partitions of 10 events (4 of
+// them) and of 4 batches, its layout read; the clock it returns is the
+// present, for the test to give the store and move on.
+func setupSmallLogClock(t *testing.T) (*testBundle, *time.Time) {
+	t.Helper()
+	b := setupLogSized(t, nil, 10, 4, 4)
+	_, err := b.store.Layout(context.Background())
+	require.NoError(t, err)
+	now := time.Now()
+	return b, &now
 }
 
 // setupLogClock is setupLog whose store tells the time from *now (set to

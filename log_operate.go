@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/acemq/outbox/internal/backend"
@@ -250,7 +251,7 @@ func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Durati
 		if i == cur || i == (cur+1)%ls.l.parts {
 			continue
 		}
-		n, err := ls.truncate(ctx, db, i, olderThan, true)
+		n, _, err := ls.truncate(ctx, db, i, olderThan, true)
 		if err != nil {
 			return total, err
 		}
@@ -283,46 +284,52 @@ func (ls *logStore) current(ctx context.Context, q querier) (int64, error) {
 
 // truncate empties partition i if every event in it is settled and none
 // was written less than olderThan ago, and returns how many events it
-// held (when count is set).
-func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan time.Duration, count bool) (n int64, err error) {
+// held (when count is set); emptied says that the partition is empty now
+// (it was, or it was truncated).
+func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan time.Duration, count bool) (n int64, emptied bool, err error) {
 	part := ls.partition(i)
+	var any bool
+	// An empty partition (most looks of the rotation) costs one statement,
+	// not a transaction.
+	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+part+`)`).Scan(&any); err != nil || !any {
+		return 0, err == nil, err
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	var any bool
-	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+part+`)`).Scan(&any); err != nil || !any {
-		return 0, err
-	}
 	// Look before taking the lock, which claims would queue behind.
 	if ok, err := ls.purgeableNow(ctx, tx, part, olderThan); err != nil || !ok {
-		return 0, err
+		return 0, false, err
 	}
 	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+part+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 		if pgerr.State(err) == "55P03" {
-			return 0, nil // busy: next time
+			return 0, false, nil // busy: next time
 		}
-		return 0, err
+		return 0, false, err
 	}
 	// Under the lock no writer of the partition is in progress: every row
 	// in it is committed, and the checks below see them all.
 	ok, err := ls.purgeableNow(ctx, tx, part, olderThan)
 	if err != nil || !ok {
-		return 0, err
+		return 0, false, err
 	}
 	if count {
 		if n, err = estimateRows(ctx, tx, part); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `TRUNCATE `+part); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return n, tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return 0, false, err
+	}
+	return n, true, nil
 }
 
 // estimateRows returns the planner's count of a partition's rows
@@ -362,53 +369,112 @@ func (ls *logStore) purgeableNow(ctx context.Context, q querier, part string, ol
 // rotateAll keeps the rotation going: it empties the partition writers
 // reach after the next one, if it is settled, and the finished partitions
 // of the batch and settle tables. Maintain calls it every second (claims
-// do, when nothing calls Maintain).
+// do, when nothing calls Maintain): one statement while nothing is to be
+// emptied (see rotated).
 func (ls *logStore) rotateAll(ctx context.Context, db *sql.DB) error {
-	cur, err := ls.current(ctx, db)
-	if err != nil {
-		return err
+	var (
+		last   int64
+		latest sql.NullInt64
+	)
+	if err := db.QueryRowContext(ctx, ls.rotationSQL).Scan(&last, &latest); err != nil {
+		return fmt.Errorf("outbox: reading the sequence of %s: %w", ls.s.t.full, err)
 	}
-	if _, err := ls.truncate(ctx, db, (cur+2)%ls.l.parts, 0, false); err != nil {
-		return err
+	cur := (last / ls.l.chunk) % ls.l.parts
+	if !ls.rot.emptiedFor(&ls.mu, cur) {
+		_, emptied, err := ls.truncate(ctx, db, (cur+2)%ls.l.parts, 0, false)
+		if err != nil {
+			return err
+		}
+		if emptied {
+			ls.rot.emptied(&ls.mu, cur)
+		}
 	}
-	return ls.rotate(ctx, db)
+	if !latest.Valid {
+		return nil
+	}
+	return ls.rotateBatches(ctx, db, latest.Int64)
 }
 
-// rotate truncates the partitions of the batch and settle tables that hold
-// only finished batches, other than the one the batch ids are in (it holds
-// the cursor) and the next one.
+// rotated is what the rotation found empty, which stays so while the
+// partition writers are in and the one batch ids are in stay the same:
+// writers reach the partition after the next one only by passing through
+// the next, and a partition of the batch table gets rows only from the
+// batch ids reaching it (a take-over inserts beside an unfinished batch,
+// and an emptied partition holds none). Its logStore's mu guards it.
+type rotated struct {
+	events     int64 // the writers' partition (+1) when the one after the next was found empty; 0: none
+	batches    int64 // the batch ids' partition (+1) when batchEmpty was found
+	batchEmpty [logBatchParts]bool
+}
+
+func (r *rotated) emptiedFor(mu *sync.Mutex, cur int64) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return r.events == cur+1
+}
+
+func (r *rotated) emptied(mu *sync.Mutex, cur int64) {
+	mu.Lock()
+	r.events = cur + 1
+	mu.Unlock()
+}
+
+// rotate is rotateAll's part for the batch and settle tables.
 func (ls *logStore) rotate(ctx context.Context, db *sql.DB) error {
 	var latest sql.NullInt64
 	if err := db.QueryRowContext(ctx, `SELECT max(batch_id) FROM `+ls.l.batch).Scan(&latest); err != nil || !latest.Valid {
 		return err
 	}
-	cur := (latest.Int64 / ls.l.batchChunk) % logBatchParts
+	return ls.rotateBatches(ctx, db, latest.Int64)
+}
+
+// rotateBatches truncates the partitions of the batch and settle tables
+// that hold only finished batches, other than the one the latest batch id
+// is in (it holds the cursor) and the next one.
+func (ls *logStore) rotateBatches(ctx context.Context, db *sql.DB, latest int64) error {
+	cur := (latest / ls.l.batchChunk) % logBatchParts
+	ls.mu.Lock()
+	if ls.rot.batches != cur+1 {
+		ls.rot.batches, ls.rot.batchEmpty = cur+1, [logBatchParts]bool{}
+	}
+	empty := ls.rot.batchEmpty
+	ls.mu.Unlock()
 	for i := int64(0); i < logBatchParts; i++ {
-		if i == cur || i == (cur+1)%logBatchParts {
+		if i == cur || i == (cur+1)%logBatchParts || empty[i] {
 			continue
 		}
-		if err := ls.truncateBatches(ctx, db, i); err != nil {
+		emptied, err := ls.truncateBatches(ctx, db, i)
+		if err != nil {
 			return err
+		}
+		if emptied {
+			ls.mu.Lock()
+			if ls.rot.batches == cur+1 {
+				ls.rot.batchEmpty[i] = true
+			}
+			ls.mu.Unlock()
 		}
 	}
 	return nil
 }
 
-func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) error {
+// truncateBatches empties partition i of the batch and settle tables if
+// every batch in it is finished; emptied says that it is empty now.
+func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) (emptied bool, err error) {
 	bp, sp := ls.s.t.logBatchPartition(i), ls.s.t.logSettlePartition(i)
 	unfinished := strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM ` + unsettledFrom + ` WHERE u.remaining > 0)`)
 	// Look before taking the lock: a partition just left behind by the
 	// batch ids holds batches in flight for a few seconds.
-	var ready bool
-	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+bp+`) AND NOT (`+unfinished+`)`).Scan(&ready); err != nil || !ready {
-		return err
+	var any, ready bool
+	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+bp+`), NOT (`+unfinished+`)`).Scan(&any, &ready); err != nil || !any || !ready {
+		return err == nil && !any, err
 	}
 	// Every claim reads every partition of the batch table, and claims
 	// queue behind a LOCK that waits: the lock is taken only if no claim
 	// holds it (NOWAIT), and held for no round trip: one statement (the
 	// names are validated identifiers) locks, looks again, truncates and
 	// commits.
-	_, err := db.ExecContext(ctx, `DO $$ BEGIN
+	_, err = db.ExecContext(ctx, `DO $$ BEGIN
 	LOCK TABLE `+bp+`, `+sp+` IN ACCESS EXCLUSIVE MODE NOWAIT;
 	-- Again under the lock: a batch of this partition may have been
 	-- taken over meanwhile.
@@ -417,9 +483,11 @@ func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) er
 	END IF;
 END $$`)
 	if pgerr.State(err) == "55P03" {
-		return nil // a claim holds it: next time
+		return false, nil // a claim holds it: next time
 	}
-	return err
+	// Emptied, unless a batch of it was taken over meanwhile: the next
+	// rotation looks again.
+	return false, err
 }
 
 // purgeable counts the events purge would remove now.

@@ -142,9 +142,11 @@ func main() {
 			fmt.Printf("benchtables: %d events written to the first table in %s\n", phase.backlog, time.Since(start).Round(time.Millisecond))
 		}
 		lat.reset()
+		pool0 := rdb.Stats()
 		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqpURL, MaxConnections: 8, Logger: slog.New(slog.DiscardHandler)})
 		check(err)
-		g, err := relay.NewGroup(pub, &relay.GroupConfig{Config: relay.Config{Logger: warnings}})
+		var stages stageTimes
+		g, err := relay.NewGroup(pub, &relay.GroupConfig{Config: relay.Config{Logger: warnings, Observer: &stages}})
 		check(err)
 		for _, s := range relays {
 			check(g.Add(relay.Table{Name: s.Table(), Store: s}))
@@ -211,7 +213,50 @@ func main() {
 			fmt.Printf(" [mean begin %.1f ms, add+commit %.1f ms]", ms(time.Duration(beginTime.Load()/w)), ms(time.Duration(writeTime.Load()/w)))
 		}
 		fmt.Println()
+		pool := rdb.Stats()
+		fmt.Printf("benchtables: phase %s: the relays' stages: %s; the relay's pool: %d waits for a connection, %s in all\n", phase.name, stages.summary(),
+			pool.WaitCount-pool0.WaitCount, (pool.WaitDuration - pool0.WaitDuration).Round(time.Millisecond))
 	}
+}
+
+// stageTimes gathers how long the relays' claims, publishes and settles
+// took: where the time of a commit → consume goes.
+type stageTimes struct {
+	relay.NopObserver
+	mu                      sync.Mutex
+	empty                   int
+	claims, publish, settle latencies
+	claimed                 int
+}
+
+func (s *stageTimes) Claimed(_ context.Context, n int, d time.Duration, err error) {
+	if err != nil {
+		return
+	}
+	if n == 0 {
+		s.mu.Lock()
+		s.empty++
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	s.claimed += n
+	s.mu.Unlock()
+	s.claims.add(d)
+}
+
+func (s *stageTimes) Published(_ context.Context, _ int, d time.Duration) { s.publish.add(d) }
+func (s *stageTimes) Settled(_ context.Context, d time.Duration, _ error) { s.settle.add(d) }
+
+func (s *stageTimes) summary() string {
+	s.mu.Lock()
+	empty, claimed := s.empty, s.claimed
+	s.mu.Unlock()
+	c50, c99, _, n := s.claims.summary()
+	p50, p99, _, _ := s.publish.summary()
+	t50, t99, _, _ := s.settle.summary()
+	return fmt.Sprintf("%d claims that took %d messages (p50 %.1f ms, p99 %.1f ms), %d empty ones; publishes p50 %.1f ms, p99 %.1f ms; settles p50 %.1f ms, p99 %.1f ms",
+		n, claimed, ms(c50), ms(c99), empty, ms(p50), ms(p99), ms(t50), ms(t99))
 }
 
 func pendingQuiet(m *sync.Map) (n int) {
