@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/binary"
 	"time"
 
@@ -85,7 +86,13 @@ func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) 
 
 // RotateLog rotates the batch and settle tables of the log store of s now,
 // as Maintain does every second.
-func RotateLog(ctx context.Context, s *Store) error { return s.log.rotate(ctx, s.db) }
+func RotateLog(ctx context.Context, s *Store) error {
+	var latest sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT max(batch_id) FROM `+s.log.l.batch).Scan(&latest); err != nil || !latest.Valid {
+		return err
+	}
+	return s.log.rotateBatches(ctx, s.db, latest.Int64)
+}
 
 // SetDueLook sets how long after a look s's MoveDue looks at the
 // scheduled table again before the next due time it knows of (a second),

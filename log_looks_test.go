@@ -52,8 +52,8 @@ func TestLogMaintainMakesTheLooks(t *testing.T) {
 // (every second by the store's clock), as claims do when nothing calls it.
 func TestLogMaintainRotates(t *testing.T) {
 	ctx := context.Background()
-	b, clock := setupSmallLogClock(t)
-	now := *clock
+	b := setupSmallLog(t)
+	now := time.Now()
 	outbox.SetLogClock(b.store, func() time.Time { return now })
 	require.NoError(t, b.store.Maintain(ctx))
 	for range 12 { // batches 1 to 12: partitions 0 to 3 of 4 batch ids each
@@ -75,8 +75,8 @@ func TestLogMaintainRotates(t *testing.T) {
 // no more than three partitions of events and two of batches at any time.
 func TestLogRotationKeepsUpAcrossWraps(t *testing.T) {
 	ctx := context.Background()
-	b, clock := setupSmallLogClock(t)
-	now := *clock
+	b := setupSmallLog(t)
+	now := time.Now()
 	outbox.SetLogClock(b.store, func() time.Time { return now })
 	for step := range 16 { // 10 events a step; 2 batches of 7 and 3
 		evts := make([]outbox.Event, 10)
@@ -113,16 +113,14 @@ func (b *testBundle) awaitLapse(t *testing.T, msgs []outbox.Message) {
 	}
 }
 
-// setupSmallLogClock is a log table of partitions of 10 events (4 of
-// them) and of 4 batches, its layout read; the clock it returns is the
-// present, for the test to give the store and move on.
-func setupSmallLogClock(t *testing.T) (*testBundle, *time.Time) {
+// setupSmallLog is a log table of partitions of 10 events (4 of them)
+// and of 4 batches, its layout read.
+func setupSmallLog(t *testing.T) *testBundle {
 	t.Helper()
 	b := setupLogSized(t, nil, 10, 4, 4)
 	_, err := b.store.Layout(context.Background())
 	require.NoError(t, err)
-	now := time.Now()
-	return b, &now
+	return b
 }
 
 // setupLogClock is setupLog whose store tells the time from *now (set to

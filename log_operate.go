@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/acemq/outbox/internal/backend"
@@ -279,8 +278,11 @@ func (ls *logStore) current(ctx context.Context, q querier) (int64, error) {
 	if err := q.QueryRowContext(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM `+ls.l.seq).Scan(&last); err != nil {
 		return 0, fmt.Errorf("outbox: reading the sequence of %s: %w", ls.s.t.full, err)
 	}
-	return (last / ls.l.chunk) % ls.l.parts, nil
+	return ls.partitionOf(last), nil
 }
+
+// partitionOf is the partition of the events numbered from seq last on.
+func (ls *logStore) partitionOf(last int64) int64 { return (last / ls.l.chunk) % ls.l.parts }
 
 // truncate empties partition i if every event in it is settled and none
 // was written less than olderThan ago, and returns how many events it
@@ -379,14 +381,19 @@ func (ls *logStore) rotateAll(ctx context.Context, db *sql.DB) error {
 	if err := db.QueryRowContext(ctx, ls.rotationSQL).Scan(&last, &latest); err != nil {
 		return fmt.Errorf("outbox: reading the sequence of %s: %w", ls.s.t.full, err)
 	}
-	cur := (last / ls.l.chunk) % ls.l.parts
-	if !ls.rot.emptiedFor(&ls.mu, cur) {
+	cur := ls.partitionOf(last)
+	ls.mu.Lock()
+	known := ls.rot.events == cur+1
+	ls.mu.Unlock()
+	if !known {
 		_, emptied, err := ls.truncate(ctx, db, (cur+2)%ls.l.parts, 0, false)
 		if err != nil {
 			return err
 		}
 		if emptied {
-			ls.rot.emptied(&ls.mu, cur)
+			ls.mu.Lock()
+			ls.rot.events = cur + 1
+			ls.mu.Unlock()
 		}
 	}
 	if !latest.Valid {
@@ -405,27 +412,6 @@ type rotated struct {
 	events     int64 // the writers' partition (+1) when the one after the next was found empty; 0: none
 	batches    int64 // the batch ids' partition (+1) when batchEmpty was found
 	batchEmpty [logBatchParts]bool
-}
-
-func (r *rotated) emptiedFor(mu *sync.Mutex, cur int64) bool {
-	mu.Lock()
-	defer mu.Unlock()
-	return r.events == cur+1
-}
-
-func (r *rotated) emptied(mu *sync.Mutex, cur int64) {
-	mu.Lock()
-	r.events = cur + 1
-	mu.Unlock()
-}
-
-// rotate is rotateAll's part for the batch and settle tables.
-func (ls *logStore) rotate(ctx context.Context, db *sql.DB) error {
-	var latest sql.NullInt64
-	if err := db.QueryRowContext(ctx, `SELECT max(batch_id) FROM `+ls.l.batch).Scan(&latest); err != nil || !latest.Valid {
-		return err
-	}
-	return ls.rotateBatches(ctx, db, latest.Int64)
 }
 
 // rotateBatches truncates the partitions of the batch and settle tables

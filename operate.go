@@ -296,7 +296,6 @@ func (s *Store) CreateSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer s.scheduledMayExist()
 	return s.st.createSchema(ctx, db)
 }
 
@@ -310,7 +309,6 @@ func (s *Store) CreateRowsSchemaIfAbsent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer s.scheduledMayExist()
 	return s.st.createRowsSchema(ctx, db)
 }
 

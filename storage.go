@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-
-	"github.com/acemq/outbox/internal/backend"
 )
 
 // storage is the seam between a Store and the database its table is in,
@@ -52,15 +50,6 @@ type storage interface {
 	hasNotifyTrigger(ctx context.Context, db *sql.DB) (bool, error)
 }
 
-// newStorage returns the storage of s's table: be's when the database has
-// a backend (see newBackend), PostgreSQL's otherwise.
-func newStorage(s *Store, be backend.Backend) storage {
-	if be != nil {
-		return backendStorage{backendOps{queueOps{s, be}, be}}
-	}
-	return pgStorage{s}
-}
-
 // backendStorage is a table kept by a backend of package backend: one kind
 // of table (LayoutRows), whose operations are always backendOps.
 type backendStorage struct{ b backendOps }
@@ -100,13 +89,15 @@ func (st backendStorage) lockKeys(ctx context.Context, tx Execer, evts []Event) 
 	return st.b.takeTurns(ctx, tx, evts)
 }
 
-// createSchema creates the table's one kind, as MySQLSchema says.
+// createSchema creates the table's one kind, as MySQLSchema says, with
+// its table of delayed messages.
 func (st backendStorage) createSchema(ctx context.Context, db *sql.DB) error {
+	defer st.b.scheduledMayExist()
 	return st.b.createRowsSchema(ctx, db)
 }
 
 func (st backendStorage) createRowsSchema(ctx context.Context, db *sql.DB) error {
-	return st.b.createRowsSchema(ctx, db)
+	return st.createSchema(ctx, db)
 }
 
 func (st backendStorage) createLogSchema(context.Context, *sql.DB) error {

@@ -69,7 +69,7 @@ func (s pgStorage) forget() {
 func (s pgStorage) tableChanged(err error) error {
 	switch pgerr.State(err) {
 	case "42703", "42P01", "42883":
-		s.forget()
+		s.forgetLayout()
 	}
 	return err
 }

@@ -247,9 +247,9 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		database:      database,
 	}
 	if be := newBackend(database, t); be != nil {
-		s.st, s.sched = newStorage(s, be), backendScheduler{be}
+		s.st, s.sched = backendStorage{backendOps{queueOps{s, be}, be}}, backendScheduler{be}
 	} else {
-		s.st, s.sched = newStorage(s, nil), newPGScheduler(t)
+		s.st, s.sched = pgStorage{s}, newPGScheduler(t)
 		s.rows = pgrows.New(pgrows.Table{Quoted: t.quoted, OrderedNow: t.orderedNow()})
 		s.turns = newKeyTurns()
 	}
