@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,18 +20,30 @@ import (
 
 // Issue 12, item 3: the broker closes the consumer's connection twice
 // mid-stream; the consumer reconnects, and with 100 duplicates mixed in,
-// every message's effect is applied exactly once.
+// every message's effect is applied exactly once. The handler stops at the
+// n/4th and the n/2th message until the connection is closed, so each
+// close lands while a delivery is in its handler's transaction (committed,
+// then not acked: the broker redelivers it, the inbox finds it out).
 func TestConsumerSurvivesClosedConnectionsExactlyOnce(t *testing.T) {
 	t.Parallel()
 	const n = 400
 	databases(t, 0, func(t *testing.T, w *world) {
 		require.NoError(t, w.ch.Cancel(testConsumerTag, false)) // the Consumer below consumes instead
 		name := amqptest.Name(t, "consumer")
-		slow := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-			time.Sleep(2 * time.Millisecond) // long enough for the closes to land mid-stream
+		stops := []int64{n / 4, n / 2}
+		reached, release := make(chan struct{}, len(stops)), make([]chan struct{}, len(stops))
+		for i := range release {
+			release[i] = make(chan struct{})
+		}
+		var calls atomic.Int64
+		gated := func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+			if i := slices.Index(stops, calls.Add(1)); i >= 0 {
+				reached <- struct{}{}
+				<-release[i]
+			}
 			return w.effect(ctx, tx, d)
 		}
-		c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: slow, URLs: []string{amqptest.URL()},
+		c, err := w.ib.Consumer(&inbox.ConsumerConfig{Queue: w.queue, Handler: gated, URLs: []string{amqptest.URL()},
 			ConnectionName: name, Prefetch: 20, BackoffMax: 200 * time.Millisecond, Logger: dbtest.Logger(t)})
 		require.NoError(t, err)
 		for i := range n {
@@ -42,9 +56,16 @@ func TestConsumerSurvivesClosedConnectionsExactlyOnce(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- c.Run(ctx) }()
 
-		for _, at := range []int64{n / 4, n / 2} {
-			require.Eventually(t, func() bool { return w.effects(t) >= at }, 30*time.Second, time.Millisecond)
+		for i := range stops {
+			select {
+			case <-reached:
+			case <-time.After(time.Minute):
+				t.Fatalf("the handler never reached its call %d", stops[i])
+			}
 			require.Equal(t, 1, amqptest.CloseNamedConnections(t, name))
+			close(release[i])
+			require.Eventually(t, func() bool { return c.Stats().Reconnects >= int64(i+1) }, 30*time.Second, 5*time.Millisecond,
+				"the consumer noticed the close and reconnected")
 		}
 		// Every message was handled and the n/4 duplicates found out. A
 		// redelivery of what was committed but not acked is a duplicate too, so
