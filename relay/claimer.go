@@ -92,12 +92,14 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 			return 0, err != nil, err
 		}
 		p.work <- b
-		c.idle = 0
+		// The commit a wake-up announced is found (or another's, and the
+		// short waits below find the rest): the burst is over.
+		c.idle, c.burst = 0, 0
 		r.busy.Store(true)
 		if len(b.msgs) >= r.cfg.BatchSize/2 {
 			return 0, false, nil // there may be more: claim again at once while a publisher is free
 		}
-		return r.pollFirst, false, nil // a short batch: let a few more messages come
+		return r.shortWait(), false, nil // a short batch: let a few more messages come
 	case c.burst > 0:
 		c.failures = 0
 		c.burst--
@@ -108,10 +110,10 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 			// claim's round trip.
 			return 0, false, nil
 		}
-		return r.pollFirst, false, nil
+		return r.shortWait(), false, nil
 	default:
 		c.failures = 0
-		wait := r.pollFirst << min(c.idle, 30)
+		wait := r.shortWait() << min(c.idle, 30)
 		if wait >= r.cfg.PollInterval {
 			r.busy.Store(false)
 			wait = min(wait, r.idleWait(r.cfg.PollInterval))

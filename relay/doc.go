@@ -84,7 +84,9 @@
 //     gathers a few more messages instead of costing the database a round
 //     trip per handful; BENCHMARKS.md has what that was measured against),
 //     and after an empty claim it waits 3ms, doubling up to
-//     Config.PollInterval, unless a
+//     Config.PollInterval (a relay of a large Group starts from 3ms grown
+//     by the group's factor, up to a quarter of PollInterval: see
+//     GroupConfig.IdleClaims), unless a
 //     wake-up comes first (the store's Subscribe for writes in this
 //     process, Config.Wakeup for others, see package pgwake) or a batch
 //     claimed in ordered mode is settled (which may free the next messages
@@ -92,7 +94,8 @@
 //     comes before the writer's commit (Add wakes as it inserts): when the
 //     claim it starts finds nothing, the claimer claims again at once, by
 //     when the commit has most likely landed, then every 3ms for a few
-//     milliseconds before the waits grow again. After a failed claim, or a
+//     milliseconds, until a claim finds messages, before the waits grow
+//     again. After a failed claim, or a
 //     broker fault the settler reported, it backs off (jittered, from 100ms
 //     to Config.BackoffMax), and no wake-up cuts that short.
 //   - The publishers (Config.MaxInFlight goroutines) each publish a batch

@@ -32,8 +32,12 @@ type GroupConfig struct {
 	// group, each table's longest wait between claims grows with their
 	// number (n / IdleClaims seconds), and so do its relay's other looks
 	// while it is idle (Store.Maintain, delayed messages). A write in this
-	// process, or the table's Wakeup, ends the wait at once. Defaults to
-	// IdleClaimsDefault (100).
+	// process, or the table's Wakeup, ends the wait at once. The short
+	// waits of a table that is not idle (after a short batch, after an
+	// empty claim, between the claims after a wake-up) grow by the same
+	// factor, up to a quarter of PollInterval: a hundred tables writing a
+	// few events a second each would otherwise claim a dozen times an
+	// event. Defaults to IdleClaimsDefault (100).
 	IdleClaims float64
 
 	// KeepRunning makes Run return only when its context ends, even when

@@ -186,6 +186,17 @@ func (r *Relay) idleWait(d time.Duration) time.Duration {
 	return d
 }
 
+// shortWait is the first of the claimer's short waits: after a short
+// batch, after an empty claim (doubling from there) and between the claims
+// of a burst after a wake-up. It is pollFirst, grown by its group's factor
+// (see GroupConfig.IdleClaims) up to a quarter of PollInterval: a hundred
+// tables that each write a few events a second would otherwise each claim
+// a dozen times after every event, and together ask the database for more
+// claims than it can serve.
+func (r *Relay) shortWait() time.Duration {
+	return max(r.pollFirst, min(r.pollFirst*time.Duration(max(r.idleScale.Load(), 1)), r.cfg.PollInterval/4))
+}
+
 // idling says whether the relay's waits are grown: it is an idle relay of
 // a group large enough to grow them.
 func (r *Relay) idling() bool { return r.idleScale.Load() > 1 && !r.busy.Load() }

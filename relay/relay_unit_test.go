@@ -654,6 +654,48 @@ func TestEmptyClaimAfterWakeUpRetriedAtOnce(t *testing.T) {
 	}, sleeps(t, wokenOther))
 }
 
+// Issue 43: the claims a written event costs. A writer of this process
+// wakes the relay; the claim finds its event; the waits then grow from
+// pollFirst (a lone relay) or from pollFirst grown by the group's factor,
+// up to a quarter of PollInterval (a relay of a large group), without the
+// burst of claims pollFirst apart that the wake-up began: it ended when
+// its commit was found. A hundred tables writing 5 events a second each
+// asked PostgreSQL for about fourteen claims an event before.
+func TestClaimsAfterAnEvent(t *testing.T) {
+	t.Parallel()
+	waits := func(t *testing.T, scale int64) (got []time.Duration, emptyAfter int) {
+		store := &fakeStore{}
+		r := newTestRelay(t, store, PublisherFunc(func(_ context.Context, m []outbox.Message) []error { return make([]error, len(m)) }),
+			&Config{PollInterval: 100 * time.Millisecond})
+		r.idleScale.Store(scale)
+		r.busy.Store(true) // as after a claim that found messages: the waits are not the idle ones
+		ctx, cancel := context.WithCancel(context.Background())
+		found := 0
+		r.sleepHook = func(d time.Duration, _ bool) woken {
+			if found == 0 && len(got) == 0 {
+				got = append(got, d)
+				store.push(msgs("a")...)
+				found = store.claimCount() + 1 // the claim after the wake-up
+				return wokenFirst
+			}
+			got = append(got, d)
+			if d >= r.cfg.PollInterval {
+				emptyAfter = store.claimCount() - found
+				cancel()
+			}
+			return notWoken
+		}
+		require.NoError(t, r.Run(ctx))
+		return got[1:], emptyAfter
+	}
+	lone, empty := waits(t, 1)
+	require.Equal(t, []time.Duration{pollFirst, pollFirst, 2 * pollFirst, 4 * pollFirst, 8 * pollFirst, 16 * pollFirst, 32 * pollFirst, 100 * time.Millisecond}, lone)
+	require.Equal(t, 7, empty, "a lone relay: the waits double from pollFirst")
+	grouped, empty := waits(t, 10)
+	require.Equal(t, []time.Duration{25 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}, grouped)
+	require.Equal(t, 3, empty, "a relay of a group of ten times IdleClaims × PollInterval tables: from 25ms, a quarter of PollInterval")
+}
+
 // publishNothing is a Publisher function for tests that never publish.
 func publishNothing(context.Context, []outbox.Message) []error { return nil }
 

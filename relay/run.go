@@ -283,7 +283,8 @@ func (r *Relay) checkOrdering(ctx context.Context) error {
 // publisher is free: again at once after a claim that filled half a batch
 // or more, 3ms after a shorter one (under load a claim then gathers a few
 // more messages instead of costing the database a round trip per handful),
-// and after an empty one it waits 3ms, doubling up to PollInterval; a
+// and after an empty one it waits 3ms, doubling up to PollInterval (3ms is
+// shortWait: more in a large group); a
 // wake-up (or the settle of a batch claimed in ordered mode) cuts those
 // waits short, and an empty claim right after a wake-up is made again at
 // once. After a failure (its own claim, or a broker fault the settler
@@ -294,7 +295,7 @@ func (r *Relay) claimer(ctx, drain context.Context, p *pipeline, local <-chan st
 	if r.idleScale.Load() > 1 {
 		// A relay of a group starts idle: after an empty first claim its
 		// wait is PollInterval, growing from there, not 3ms.
-		for r.pollFirst<<c.idle < r.cfg.PollInterval && c.idle < 30 {
+		for r.shortWait()<<c.idle < r.cfg.PollInterval && c.idle < 30 {
 			c.idle++
 		}
 	}

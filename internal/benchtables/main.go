@@ -32,9 +32,13 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -52,6 +56,7 @@ func main() {
 	duration := flag.Duration("duration", time.Minute, "how long each phase writes")
 	warmup := flag.Duration("warmup", time.Minute, "how long the unmeasured warm-up phase writes (0: none)")
 	rows := flag.Bool("rows", false, "tables of the rows layout (default: the log layout)")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the quiet phase to this file")
 	flag.Parse()
 	ctx := context.Background()
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
@@ -142,7 +147,7 @@ func main() {
 			fmt.Printf("benchtables: %d events written to the first table in %s\n", phase.backlog, time.Since(start).Round(time.Millisecond))
 		}
 		lat.reset()
-		pool0 := rdb.Stats()
+		pool0, cpu0 := rdb.Stats(), readCPU()
 		pub, err := relay.NewAMQPPublisher(&relay.AMQPConfig{URL: amqpURL, MaxConnections: 8, Logger: slog.New(slog.DiscardHandler)})
 		check(err)
 		var stages stageTimes
@@ -164,6 +169,11 @@ func main() {
 			}
 		}
 		start = time.Now()
+		if *profile != "" && phase.name == "quiet" {
+			f, err := os.Create(*profile)
+			check(err)
+			check(pprof.StartCPUProfile(f))
+		}
 		var drained atomic.Int64
 		if phase.backlog > 0 {
 			go func() {
@@ -198,6 +208,9 @@ func main() {
 			}()
 		}
 		wg.Wait()
+		if *profile != "" && phase.name == "quiet" {
+			pprof.StopCPUProfile()
+		}
 		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && (pendingQuiet(&written) > 0 || busyLeft.Load() > 0); {
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -216,7 +229,39 @@ func main() {
 		pool := rdb.Stats()
 		fmt.Printf("benchtables: phase %s: the relays' stages: %s; the relay's pool: %d waits for a connection, %s in all\n", phase.name, stages.summary(),
 			pool.WaitCount-pool0.WaitCount, (pool.WaitDuration - pool0.WaitDuration).Round(time.Millisecond))
+		cpu := readCPU()
+		fmt.Printf("benchtables: phase %s: CPU over %s: this process %.1f s, the machine busy %.1f s of %.1f s\n", phase.name,
+			cpu.at.Sub(cpu0.at).Round(100*time.Millisecond), (cpu.self - cpu0.self).Seconds(), (cpu.busy - cpu0.busy).Seconds(), (cpu.total - cpu0.total).Seconds())
 	}
+}
+
+// cpuTimes are this process's CPU time and the machine's, busy and in all
+// (from /proc/stat, in clock ticks of 10 ms).
+type cpuTimes struct {
+	at                time.Time
+	self, busy, total time.Duration
+}
+
+func readCPU() cpuTimes {
+	var ru syscall.Rusage
+	check(syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	c := cpuTimes{at: time.Now(), self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return c
+	}
+	f := strings.Fields(strings.SplitN(string(stat), "\n", 2)[0]) // cpu user nice system idle iowait irq softirq steal
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		d := time.Duration(n) * 10 * time.Millisecond
+		if i < 8 {
+			c.total += d
+			if i != 3 && i != 4 {
+				c.busy += d
+			}
+		}
+	}
+	return c
 }
 
 // stageTimes gathers how long the relays' claims and publishes took:
