@@ -9,6 +9,13 @@
 //
 //	wake, err := pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: url, Table: "outbox"})
 //	r, err := relay.New(store, pub, &relay.Config{Wakeup: wake})
+//
+// Listen holds a connection for one table. A relay of many tables
+// (relay.Group) holds one for all of them with a Listener:
+//
+//	l, err := pgwake.NewListener(ctx, &pgwake.ListenerConfig{DatabaseURL: url})
+//	wake, stop, err := l.Subscribe(ctx, "tenant_a.outbox")
+//	err = group.Add(relay.Table{Name: "tenant_a.outbox", Store: store, Wakeup: wake})
 package pgwake
 
 import (
@@ -16,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -54,90 +60,27 @@ func Listen(ctx context.Context, cfg *Config) (<-chan struct{}, error) {
 	if table == "" {
 		table = outbox.TableDefault
 	}
-	channel, err := outbox.NotifyChannel(table)
-	if err != nil {
+	if _, err := outbox.NotifyChannel(table); err != nil {
 		return nil, fmt.Errorf("pgwake: %w", err)
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	// Parsed once, here: pgx's parse errors quote the string, and not
-	// every form of password in it is redacted there (a URL's ?password=).
-	pgcfg, err := pgx.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return nil, errors.New("pgwake: Config.DatabaseURL is not a valid PostgreSQL URL or keyword/value string (not repeated here: it may hold a password)")
-	}
-	l := &listener{config: pgcfg, channel: channel, logger: logger, wake: make(chan struct{}, 1)}
-	conn, err := l.connect(ctx)
+	l, err := NewListener(ctx, &ListenerConfig{DatabaseURL: cfg.DatabaseURL, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
-	go l.run(ctx, conn)
-	return l.wake, nil
+	wake, _, err := l.Subscribe(ctx, table)
+	return wake, err
 }
 
-// reconnectBackoff is the wait before the n-th reconnection attempt.
-var reconnectBackoff = outbox.ExponentialBackoff(100*time.Millisecond, 30*time.Second)
-
-type listener struct {
-	config  *pgx.ConnConfig
-	channel string
-	logger  *slog.Logger
-	wake    chan struct{}
-}
-
-func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, l.config.Copy())
+// parseURL parses a connection string once: pgx's parse errors quote the
+// string, and not every form of password in it is redacted there (a URL's
+// ?password=).
+func parseURL(url string) (*pgx.ConnConfig, error) {
+	if url == "" {
+		return nil, errors.New("pgwake: Config.DatabaseURL is required")
+	}
+	pgcfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("pgwake: connecting: %w", err)
+		return nil, errors.New("pgwake: Config.DatabaseURL is not a valid PostgreSQL URL or keyword/value string (not repeated here: it may hold a password)")
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("pgwake: LISTEN %s: %w", l.channel, err)
-	}
-	return conn, nil
-}
-
-func (l *listener) signal() {
-	select {
-	case l.wake <- struct{}{}:
-	default: // one pending wake-up is enough
-	}
-}
-
-func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
-	failures := 0
-	for {
-		if conn == nil {
-			var err error
-			if conn, err = l.connect(ctx); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				failures++
-				wait := reconnectBackoff(failures)
-				l.logger.WarnContext(ctx, "pgwake: Cannot listen; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(wait):
-				}
-				continue
-			}
-			failures = 0
-			l.signal() // notifications may have been missed while disconnected
-		}
-		_, err := conn.WaitForNotification(ctx)
-		if err == nil {
-			l.signal()
-			continue
-		}
-		conn.Close(context.WithoutCancel(ctx))
-		conn = nil
-		if ctx.Err() != nil {
-			return
-		}
-		l.logger.WarnContext(ctx, "pgwake: Lost the listening connection; reconnecting", slog.String("error", err.Error()))
-	}
+	return pgcfg, nil
 }

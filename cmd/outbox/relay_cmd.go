@@ -214,7 +214,7 @@ func (o *relayOptions) run(ctx context.Context, c *common) error {
 		return c.usageError("%s", relayFlags.Replace(err.Error()))
 	}
 	ts := &relayTables{c: c, o: o, db: db, g: g, base: base, cfg: outbox.StoreConfig{MaxAttempts: o.maxAttempts, BatchMaxBytes: o.batchBytes, Logger: base, Ordering: ordering(o.ordered)},
-		listeners: map[string]context.CancelFunc{}, found: map[string]bool{}, lookNow: make(chan struct{}, 1)}
+		listeners: map[string]func(){}, found: map[string]bool{}, lookNow: make(chan struct{}, 1)}
 	defer ts.close()
 	if o.metricsAddr != "" {
 		// Ready: the last round of every table went through, and its last
@@ -333,26 +333,39 @@ func (c *common) openStores(ctx context.Context, tables []string, cfg *outbox.St
 	return db, stores, nil
 }
 
-// listen starts the LISTEN/NOTIFY wake-ups of st's table (--notify) on a
-// connection of their own to url, and warns when they cannot work.
-func (c *common) listen(ctx context.Context, db *sql.DB, st *outbox.Store, url string, logger *slog.Logger) (<-chan struct{}, error) {
-	logger = logger.With(slog.String("table", st.Table()))
+// listen subscribes to the LISTEN/NOTIFY wake-ups of st's table
+// (--notify) on the one listening connection of every table (made with the
+// first, to --listen-database-url or --database-url), and warns when they
+// cannot work: a table without the trigger, or a test notification that
+// does not arrive (sent on the first table that has the trigger: every
+// table's come through the same connection).
+func (ts *relayTables) listen(ctx context.Context, st *outbox.Store) (<-chan struct{}, func(), error) {
+	logger := ts.base.With(slog.String("table", st.Table()))
 	ok, err := st.HasNotifyTrigger(ctx)
 	if err != nil {
-		return nil, c.explain(err)
+		return nil, nil, ts.c.explain(err)
 	}
 	if !ok {
 		logger.Warn("relay: --notify, but the table has no NOTIFY trigger: nothing will wake the relay, it polls every --poll-interval; add it with `outbox schema --notify --apply`")
 	}
-	c.secrets.addDSN(url)
-	wake, err := pgwake.Listen(ctx, &pgwake.Config{DatabaseURL: url, Table: st.Table(), Logger: logger})
+	if ts.listener == nil {
+		url := cmp.Or(ts.o.listenURL, ts.c.databaseURL)
+		ts.c.secrets.addDSN(url)
+		if ts.listener, err = pgwake.NewListener(ctx, &pgwake.ListenerConfig{DatabaseURL: url, Logger: ts.base}); err != nil {
+			return nil, nil, err
+		}
+	}
+	wake, stop, err := ts.listener.Subscribe(ctx, st.Table())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if ok && !probeListen(ctx, db, st.Table(), wake) {
-		logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile")
+	if ok && !ts.listened {
+		ts.listened = true
+		if !probeListen(ctx, ts.db, st.Table(), wake) {
+			logger.Warn("relay: --notify, but a test notification did not arrive within 3s: LISTEN does not work through a transaction pooler (PgBouncer); give a direct connection with --listen-database-url. The relay polls every --poll-interval meanwhile")
+		}
 	}
-	return wake, nil
+	return wake, stop, nil
 }
 
 // relayMemoryLimit is the soft limit of `outbox relay`'s heap unless

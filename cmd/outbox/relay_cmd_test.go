@@ -255,3 +255,42 @@ func startRelay(t *testing.T, stdout, stderr *dbtest.Buffer, args ...string) (ca
 	}()
 	return cancel, codes
 }
+
+// Issue 43: `outbox relay --notify` of several tables listens for all of
+// them on one connection, and each table's commits wake its relay: with
+// --poll-interval at an hour, rows written by plain SQL (no Store.Add in
+// this process to wake the relay) are published only when a notification
+// wakes their table's relay.
+func TestRelayNotifyListensOnOneConnection(t *testing.T) {
+	t.Parallel()
+	db := dbtest.DB(t)
+	var tables []string
+	for i := range 3 {
+		table := dbtest.Table(t) + strconv.Itoa(i)
+		code, _, errOut := outboxCmd(t, nil, "schema", "--table", table, "--layout", "rows", "--notify", "--apply")
+		require.Equal(t, 0, code, errOut)
+		tables = append(tables, table)
+	}
+	_, queue, deliveries := amqptest.ManualQueue(t, "cli-notify")
+	app := "listen_" + tables[0]
+	var stdout, stderr dbtest.Buffer
+	args := []string{"--poll-interval", "1h", "--notify", "--listen-database-url", dbtest.URLWith(t, "application_name", app)}
+	for _, table := range tables {
+		args = append(args, "--table", table)
+	}
+	cancel, done := startRelay(t, &stdout, &stderr, args...)
+	defer cancel()
+	require.Eventually(t, func() bool { return strings.Count(stderr.String(), `msg="relay: Started"`) == len(tables) }, 20*time.Second, 10*time.Millisecond)
+	for i, table := range tables {
+		_, err := db.Exec(`INSERT INTO "`+table+`" (id, event_type, routing_key, payload) VALUES (gen_random_uuid(), $1, $1, '{}')`, queue)
+		require.NoError(t, err)
+		receive(t, deliveries, 1, &stderr)
+		t.Logf("table %d woken and published", i)
+	}
+	require.EqualValues(t, 1, dbtest.Count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app),
+		"one listening connection for the three tables")
+	require.NotContains(t, stderr.String(), "LISTEN does not work")
+	cancel()
+	require.Equal(t, 0, <-done, stderr.String())
+	require.Contains(t, stdout.String(), "relay stopped: 3 published")
+}

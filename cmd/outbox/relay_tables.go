@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/periodic"
+	"github.com/acemq/outbox/pgwake"
 	"github.com/acemq/outbox/relay"
 )
 
@@ -28,9 +28,11 @@ type relayTables struct {
 	cfg     outbox.StoreConfig // of the tables found (Table set for each)
 	metrics *metricsServer     // nil without --metrics-addr
 
-	listeners map[string]context.CancelFunc // --notify's, by table
-	found     map[string]bool               // the tables --tables found, in the group
-	lookNow   chan struct{}                 // a found table's claim failed: look before --tables-every
+	listener  *pgwake.Listener  // --notify's one connection for every table; made with the first
+	listened  bool              // its first table's test notification was sent (see listen)
+	listeners map[string]func() // --notify's subscriptions, by table
+	found     map[string]bool   // the tables --tables found, in the group
+	lookNow   chan struct{}     // a found table's claim failed: look before --tables-every
 }
 
 // lookOnError is the observer of a table --tables found: a claim that
@@ -71,10 +73,8 @@ func (ts *relayTables) add(ctx context.Context, st *outbox.Store, found bool) er
 		t.Observer = lookOnError{Observer: obs, look: ts.lookNow}
 	}
 	if ts.o.notify {
-		lctx, stop := context.WithCancel(ctx)
-		wake, err := ts.c.listen(lctx, ts.db, st, cmp.Or(ts.o.listenURL, ts.c.databaseURL), ts.base)
+		wake, stop, err := ts.listen(ctx, st)
 		if err != nil {
-			stop()
 			ts.forget(t.Name)
 			return err
 		}

@@ -180,7 +180,9 @@ func main() {
 				for busyLeft.Load() > 0 && rctx.Err() == nil {
 					time.Sleep(10 * time.Millisecond)
 				}
-				drained.Store(int64(time.Since(start)))
+				if busyLeft.Load() <= 0 {
+					drained.Store(int64(time.Since(start)))
+				}
 			}()
 		}
 		var wg sync.WaitGroup
@@ -221,6 +223,8 @@ func main() {
 		fmt.Printf("benchtables: phase %s: the quiet tables' commit → consume p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d of %d events written)", phase.name, ms(p50), ms(p99), ms(max), n, writes.Load())
 		if d := drained.Load(); d > 0 {
 			fmt.Printf("; the backlog of %d published in %s", phase.backlog, time.Duration(d).Round(time.Millisecond))
+		} else if left := busyLeft.Load(); phase.backlog > 0 && left > 0 {
+			fmt.Printf("; %d of the backlog of %d not yet published when the relay stopped, %s after it started", left, phase.backlog, time.Since(start).Round(time.Second))
 		}
 		if w := writes.Load(); w > 0 {
 			fmt.Printf(" [mean begin %.1f ms, add+commit %.1f ms]", ms(time.Duration(beginTime.Load()/w)), ms(time.Duration(writeTime.Load()/w)))
