@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -201,4 +202,34 @@ func (s *modeStore) Release(ctx context.Context, msgs ...outbox.Message) error {
 	err := s.fakeStore.Release(ctx, msgs...)
 	s.push(msgs...)
 	return err
+}
+
+// Issue 43: what a table costs a group in goroutines is what docs/relay.md
+// says: about 6 + MaxInFlight (its claimer, settler, publishers, upkeep,
+// the group's own for it), not more.
+func TestGroupGoroutinesPerTable(t *testing.T) {
+	const tables = 50
+	g, err := NewGroup(PublisherFunc(func(ctx context.Context, m []outbox.Message) []error { return make([]error, len(m)) }),
+		&GroupConfig{Config: Config{Logger: dbtest.Logger(t)}})
+	require.NoError(t, err)
+	for i := range tables {
+		require.NoError(t, g.Add(Table{Name: fmt.Sprintf("t%03d", i), Store: &fakeStore{}}))
+	}
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		for _, h := range g.Health() {
+			if h.LastClaim.IsZero() {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond, "every table's relay running")
+	perTable := float64(runtime.NumGoroutine()-before) / tables
+	cancel()
+	require.NoError(t, <-done)
+	t.Logf("%.1f goroutines a table (MaxInFlight %d)", perTable, MaxInFlightDefault)
+	require.LessOrEqual(t, perTable, float64(6+MaxInFlightDefault))
 }
