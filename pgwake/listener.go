@@ -2,6 +2,7 @@ package pgwake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acemq/outbox"
 )
@@ -39,7 +41,8 @@ type Listener struct {
 
 	mu        sync.Mutex
 	subs      map[string]map[chan struct{}]struct{} // by channel
-	waiting   map[string][]chan struct{}            // Subscribe calls waiting for their channel's LISTEN, by channel
+	waiting   map[string][]chan error               // Subscribe calls waiting for their channel's LISTEN, by channel
+	down      bool                                  // the connection is lost: Subscribe does not wait
 	changed   chan struct{}                         // one value: subscriptions changed since the connection's were made
 	interrupt context.CancelFunc                    // ends the current wait for a notification; nil when not waiting
 }
@@ -60,7 +63,7 @@ func NewListener(ctx context.Context, cfg *ListenerConfig) (*Listener, error) {
 		logger = slog.Default()
 	}
 	l := &Listener{config: pgcfg, logger: logger, done: make(chan struct{}), subs: map[string]map[chan struct{}]struct{}{},
-		waiting: map[string][]chan struct{}{}, changed: make(chan struct{}, 1)}
+		waiting: map[string][]chan error{}, changed: make(chan struct{}, 1)}
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -75,21 +78,26 @@ func NewListener(ctx context.Context, cfg *ListenerConfig) (*Listener, error) {
 // channel's LISTEN ends with its last subscriber). It returns once the
 // table's channel is listened on, or, while the connection is down, at
 // once: the channel is listened on when it is back, and the subscribers
-// woken then. An error says that table is not a valid table name, or that
-// ctx ended first.
+// woken then. An error says that table is not a valid table name, that
+// the server refused the LISTEN (a hot standby does), or that ctx ended
+// first.
 func (l *Listener) Subscribe(ctx context.Context, table string) (<-chan struct{}, func(), error) {
 	channel, err := outbox.NotifyChannel(table)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgwake: %w", err)
 	}
 	wake := make(chan struct{}, 1)
-	listened := make(chan struct{})
+	listened := make(chan error, 1)
 	l.mu.Lock()
 	if l.subs[channel] == nil {
 		l.subs[channel] = map[chan struct{}]struct{}{}
 	}
 	l.subs[channel][wake] = struct{}{}
-	l.waiting[channel] = append(l.waiting[channel], listened)
+	if l.down {
+		listened <- nil // listened on when the connection is back
+	} else {
+		l.waiting[channel] = append(l.waiting[channel], listened)
+	}
 	l.poke()
 	l.mu.Unlock()
 	var once sync.Once
@@ -105,7 +113,11 @@ func (l *Listener) Subscribe(ctx context.Context, table string) (<-chan struct{}
 		})
 	}
 	select {
-	case <-listened:
+	case err := <-listened:
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
 		return wake, stop, nil
 	case <-l.done:
 		return wake, stop, nil // stopped: nothing more will wake it, and nothing is wrong
@@ -160,13 +172,15 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 				}
 				continue
 			}
-			failures = 0
 			listening = map[string]bool{}
 			fresh = true
 		}
 		err := l.listenAsSubscribed(ctx, conn, listening)
 		if err == nil && fresh {
-			fresh = false
+			fresh, failures = false, 0
+			l.mu.Lock()
+			l.down = false
+			l.mu.Unlock()
 			l.wakeAll() // listening again: what was missed while disconnected is found by the claims this starts
 		}
 		if err == nil {
@@ -177,11 +191,18 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 		}
 		conn.Close(context.WithoutCancel(ctx))
 		conn = nil
-		l.release() // their LISTEN comes with the next connection
+		l.release(err) // their LISTEN comes with the next connection
 		if ctx.Err() != nil {
 			return
 		}
-		l.logger.WarnContext(ctx, "pgwake: Lost the listening connection; reconnecting", slog.String("error", err.Error()))
+		failures++
+		wait := reconnectBackoff(failures)
+		l.logger.WarnContext(ctx, "pgwake: Lost the listening connection; reconnecting", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 }
 
@@ -198,6 +219,10 @@ func (l *Listener) listenAsSubscribed(ctx context.Context, conn *pgx.Conn, liste
 	for _, ch := range want {
 		if !listening[ch] {
 			if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && !conn.IsClosed() {
+					return refusedError{ch, fmt.Errorf("LISTEN %s: %w", ch, err)}
+				}
 				return fmt.Errorf("LISTEN: %w", err)
 			}
 			listening[ch] = true
@@ -216,7 +241,7 @@ func (l *Listener) listenAsSubscribed(ctx context.Context, conn *pgx.Conn, liste
 	for ch, ws := range l.waiting {
 		if listening[ch] || l.subs[ch] == nil { // listened on, or given up (Subscribe's ctx ended)
 			for _, w := range ws {
-				close(w)
+				w <- nil
 			}
 			delete(l.waiting, ch)
 		}
@@ -274,14 +299,23 @@ func (l *Listener) wakeAll() {
 	}
 }
 
-// release lets every waiting Subscribe call return: the connection is
-// down.
-func (l *Listener) release() {
+// release lets every waiting Subscribe call return, the connection being
+// lost on err: with err those of a channel whose LISTEN the server refused
+// (the subscription cannot work), with nil the others (it will be listened on when the
+// connection is back). Until then, Subscribe does not wait.
+func (l *Listener) release(err error) {
+	var refused refusedError
+	errors.As(err, &refused)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.down = true
 	for ch, ws := range l.waiting {
+		var werr error
+		if ch == refused.channel {
+			werr = fmt.Errorf("pgwake: %w", refused.err)
+		}
 		for _, w := range ws {
-			close(w)
+			w <- werr
 		}
 		delete(l.waiting, ch)
 	}
@@ -293,3 +327,13 @@ func signal(ch chan struct{}) {
 	default: // one pending wake-up is enough
 	}
 }
+
+// refusedError is a LISTEN the server refused on a connection that is
+// still good (a hot standby refuses LISTEN during recovery).
+type refusedError struct {
+	channel string
+	err     error
+}
+
+func (e refusedError) Error() string { return e.err.Error() }
+func (e refusedError) Unwrap() error { return e.err }

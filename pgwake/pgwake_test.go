@@ -2,6 +2,7 @@ package pgwake_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/internal/tcpproxy"
 	"github.com/acemq/outbox/pgwake"
 )
 
@@ -186,4 +188,31 @@ func TestListenerWakesManyTablesOnOneConnection(t *testing.T) {
 	// a write made before they land wakes nobody, so write until one does.
 	require.Eventually(t, func() bool { write(2); return wokenWithin(wakes[2], time.Second) }, 30*time.Second, time.Millisecond)
 	require.False(t, pending(wakes[0]))
+}
+
+// While the listening connection is down and cannot be made again,
+// Subscribe returns at once (the table is listened on when the connection
+// is back) instead of waiting for a connection that may not come: a relay
+// adding tables must not stall on its wake-ups.
+func TestListenerSubscribeWhileDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proxy, err := tcpproxy.New("127.0.0.1:5432")
+	require.NoError(t, err)
+	var logs dbtest.Buffer
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	url := "postgres://postgres@" + proxy.Addr().String() + "/test?sslmode=disable"
+	l, err := pgwake.NewListener(lctx, &pgwake.ListenerConfig{DatabaseURL: url, Logger: dbtest.LoggerTo(t, &logs)})
+	require.NoError(t, err)
+	_, _, err = l.Subscribe(ctx, dbtest.Table(t)+"_a")
+	require.NoError(t, err)
+	require.NoError(t, proxy.Close()) // the connection is cut, and no new one can be made
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Lost the listening connection") }, 10*time.Second, time.Millisecond)
+	sctx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	wake, unsubscribe, err := l.Subscribe(sctx, dbtest.Table(t)+"_b")
+	require.NoError(t, err, "returned before its context ended")
+	require.NotNil(t, wake)
+	unsubscribe()
 }

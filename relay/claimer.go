@@ -113,7 +113,12 @@ func (c *claimLoop) next(ctx context.Context, b *batch, err error) (wait time.Du
 		return r.shortWait(), false, nil
 	default:
 		c.failures = 0
-		wait := r.shortWait() << min(c.idle, 30)
+		// shortWait doubled c.idle times, stopping at the longest wait
+		// (shifting a long shortWait would overflow)
+		wait, longest := r.shortWait(), r.cfg.PollInterval*time.Duration(max(r.idleScale.Load(), 1))
+		for i := 0; i < c.idle && wait < longest; i++ {
+			wait *= 2
+		}
 		if wait >= r.cfg.PollInterval {
 			r.busy.Store(false)
 			wait = min(wait, r.idleWait(r.cfg.PollInterval))
