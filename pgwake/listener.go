@@ -165,10 +165,8 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 				failures++
 				wait := reconnectBackoff(failures)
 				l.logger.WarnContext(ctx, "pgwake: Cannot listen; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-				select {
-				case <-ctx.Done():
+				if !sleep(ctx, wait) {
 					return
-				case <-time.After(wait):
 				}
 				continue
 			}
@@ -198,10 +196,8 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 		failures++
 		wait := reconnectBackoff(failures)
 		l.logger.WarnContext(ctx, "pgwake: Lost the listening connection; reconnecting", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, wait) {
 			return
-		case <-time.After(wait):
 		}
 	}
 }
@@ -318,6 +314,19 @@ func (l *Listener) release(err error) {
 			w <- werr
 		}
 		delete(l.waiting, ch)
+	}
+}
+
+// sleep waits d, or less when ctx ends; it reports whether ctx is still
+// going.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
