@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/internal/periodic"
 )
 
 // ListenerConfig configures NewListener.
@@ -165,7 +166,7 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 				failures++
 				wait := reconnectBackoff(failures)
 				l.logger.WarnContext(ctx, "pgwake: Cannot listen; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-				if !sleep(ctx, wait) {
+				if !periodic.Sleep(ctx, wait) {
 					return
 				}
 				continue
@@ -196,7 +197,7 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 		failures++
 		wait := reconnectBackoff(failures)
 		l.logger.WarnContext(ctx, "pgwake: Lost the listening connection; reconnecting", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-		if !sleep(ctx, wait) {
+		if !periodic.Sleep(ctx, wait) {
 			return
 		}
 	}
@@ -314,19 +315,6 @@ func (l *Listener) release(err error) {
 			w <- werr
 		}
 		delete(l.waiting, ch)
-	}
-}
-
-// sleep waits d, or less when ctx ends; it reports whether ctx is still
-// going.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
