@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -156,17 +154,22 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 	defer close(l.done)
 	listening := map[string]bool{} // the channels listened on conn
 	failures, fresh := 0, false    // fresh: conn is a new connection, its subscribers not yet woken
+	// backOff logs err and waits before the next connection; false: ctx
+	// ended.
+	backOff := func(msg string, err error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		failures++
+		wait := reconnectBackoff(failures)
+		l.logger.WarnContext(ctx, msg, slog.String("error", err.Error()), slog.Duration("retry_in", wait))
+		return periodic.Sleep(ctx, wait)
+	}
 	for {
 		if conn == nil {
 			var err error
 			if conn, err = l.connect(ctx); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				failures++
-				wait := reconnectBackoff(failures)
-				l.logger.WarnContext(ctx, "pgwake: Cannot listen; retrying", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-				if !periodic.Sleep(ctx, wait) {
+				if !backOff("pgwake: Cannot listen; retrying", err) {
 					return
 				}
 				continue
@@ -191,13 +194,7 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn) {
 		conn.Close(context.WithoutCancel(ctx))
 		conn = nil
 		l.release(err) // their LISTEN comes with the next connection
-		if ctx.Err() != nil {
-			return
-		}
-		failures++
-		wait := reconnectBackoff(failures)
-		l.logger.WarnContext(ctx, "pgwake: Lost the listening connection; reconnecting", slog.String("error", err.Error()), slog.Duration("retry_in", wait))
-		if !periodic.Sleep(ctx, wait) {
+		if !backOff("pgwake: Lost the listening connection; reconnecting", err) {
 			return
 		}
 	}
@@ -211,9 +208,12 @@ func (l *Listener) listenAsSubscribed(ctx context.Context, conn *pgx.Conn, liste
 	case <-l.changed:
 	default:
 	}
-	want := slices.Collect(maps.Keys(l.subs))
+	want := make(map[string]bool, len(l.subs))
+	for ch := range l.subs {
+		want[ch] = true
+	}
 	l.mu.Unlock()
-	for _, ch := range want {
+	for ch := range want {
 		if !listening[ch] {
 			if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
 				var pgErr *pgconn.PgError
@@ -226,7 +226,7 @@ func (l *Listener) listenAsSubscribed(ctx context.Context, conn *pgx.Conn, liste
 		}
 	}
 	for ch := range listening {
-		if !slices.Contains(want, ch) {
+		if !want[ch] {
 			if _, err := conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
 				return fmt.Errorf("UNLISTEN: %w", err)
 			}

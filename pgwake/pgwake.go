@@ -11,7 +11,8 @@
 //	r, err := relay.New(store, pub, &relay.Config{Wakeup: wake})
 //
 // Listen holds a connection for one table. A relay of many tables
-// (relay.Group) holds one for all of them with a Listener:
+// (relay.Group) holds one for all of them with a Listener (relay's
+// ExampleGroup shows it whole):
 //
 //	l, err := pgwake.NewListener(ctx, &pgwake.ListenerConfig{DatabaseURL: url})
 //	wake, stop, err := l.Subscribe(ctx, "tenant_a.outbox")
