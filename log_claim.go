@@ -33,6 +33,8 @@ type logStore struct {
 	countsSQL, parkedSQL, retrySQL, retryAllSQL, discardSQL, discardAllSQL string
 	horizonSQL, purgeFailedSQL                                             string
 	rotationSQL                                                            string
+	// log_inspect.go
+	leasesSQL, blockedKeysSQL, keyQueueSQL, publishedByMinuteSQL string
 
 	mu  sync.Mutex
 	low int64 // no batch below it is unfinished, as far as this store has seen
@@ -57,6 +59,7 @@ func newLogStore(s *Store, l logTables) *logStore {
 	ls.countsSQL, ls.parkedSQL, ls.horizonSQL, ls.purgeFailedSQL = r.Replace(logCountsSQL), r.Replace(logParkedSQL), r.Replace(logHorizonSQL), r.Replace(logPurgeFailedSQL)
 	ls.retrySQL, ls.retryAllSQL = r.Replace(logChangeParked(logRetrySet, true)), r.Replace(logChangeParked(logRetrySet, false))
 	ls.discardSQL, ls.discardAllSQL = r.Replace(logChangeParked(`discarded_at = now()`, true)), r.Replace(logChangeParked(`discarded_at = now()`, false))
+	ls.setInspections(r)
 	// What became of messages $4 of gen $2 of batch $1 (kind $3), claimed
 	// under token $5, unless a later gen took the batch over.
 	ls.settleSQL = r.Replace(`INSERT INTO {settle} (batch_id, gen, kind, seqs)

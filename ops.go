@@ -50,6 +50,12 @@ type layoutOps interface {
 	// applied, nothing on another layout.
 	createRowsSchema(ctx context.Context, db *sql.DB) error
 	convertToLog(ctx context.Context, db *sql.DB, dryRun bool, lockTimeout time.Duration) (Conversion, error)
+
+	// What an operator looks at (inspect.go): see backend.Inspector.
+	leases(ctx context.Context, db *sql.DB, limit int) ([]backend.Lease, error)
+	blockedKeys(ctx context.Context, db *sql.DB, limit int) ([]backend.BlockedKey, error)
+	keyQueue(ctx context.Context, db *sql.DB, key string, limit int) ([]QueuedMessage, error)
+	publishedByMinute(ctx context.Context, db *sql.DB, minutes int) ([]int64, error)
 }
 
 // ops returns the operations of the table's kind (see storage).

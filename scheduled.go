@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -123,6 +124,16 @@ WHERE s.last_error IS NULL ORDER BY s.due LIMIT 1`
 const pgScheduledCountSQL = `SELECT (SELECT count(*) FROM (SELECT 1 FROM {scheduled} LIMIT $1) AS c),
     (SELECT floor(extract(epoch FROM min(due) - now()) * 1000000)::bigint FROM {scheduled} WHERE last_error IS NULL)`
 
+// pgListScheduledSQL lists up to $1 delayed messages of type $2 and key $3
+// (each empty for any), due after the message ($4, $5) (due in microseconds
+// since the epoch, 0 for the first), by their due index.
+const pgListScheduledSQL = `SELECT id::text, event_type, event_key, exchange, routing_key, payload, content_type, headers::text,
+	created_at, due, coalesce(last_error, '')
+FROM {scheduled}
+WHERE ($2 = '' OR event_type = $2) AND ($3 = '' OR event_key = $3)
+  AND ($4::bigint = 0 OR (due, id) > (to_timestamp(0) + $4::bigint * interval '1 microsecond', $5::uuid))
+ORDER BY due, id LIMIT $1`
+
 // scheduler is what a Store does with delayed messages, in its database's
 // SQL: PostgreSQL's (either layout) or a backend's.
 type scheduler interface {
@@ -135,7 +146,7 @@ type scheduler interface {
 	// ahead the next is due (ok false: none).
 	scheduled(ctx context.Context, db *sql.DB, limit int64) (n int64, next time.Duration, ok bool, err error)
 	// list lists up to limit of them, the soonest due first.
-	list(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error)
+	list(ctx context.Context, db *sql.DB, q backend.ScheduledQuery) ([]backend.Row, error)
 	// change makes those among ids due now, or deletes them.
 	change(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error)
 }
@@ -146,6 +157,7 @@ type pgScheduler struct {
 	promoteQ string
 	nextQ    string
 	countQ   string
+	listQ    string
 
 	mu   sync.Mutex
 	sqls map[int]string
@@ -153,7 +165,8 @@ type pgScheduler struct {
 
 func newPGScheduler(t table) *pgScheduler {
 	r := strings.NewReplacer("{scheduled}", t.scheduledTable(), "{table}", t.quoted)
-	return &pgScheduler{t: t, promoteQ: r.Replace(pgPromoteSQL), nextQ: r.Replace(pgNextDueSQL), countQ: r.Replace(pgScheduledCountSQL), sqls: map[int]string{}}
+	return &pgScheduler{t: t, promoteQ: r.Replace(pgPromoteSQL), nextQ: r.Replace(pgNextDueSQL), countQ: r.Replace(pgScheduledCountSQL),
+		listQ: r.Replace(pgListScheduledSQL), sqls: map[int]string{}}
 }
 
 func (p *pgScheduler) scheduleSQL(n int) string {
@@ -233,17 +246,17 @@ func (b backendScheduler) scheduled(ctx context.Context, db *sql.DB, limit int64
 	return b.be.Scheduled(ctx, db, limit)
 }
 
-func (b backendScheduler) list(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
-	return b.be.ListScheduled(ctx, db, limit)
+func (b backendScheduler) list(ctx context.Context, db *sql.DB, q backend.ScheduledQuery) ([]backend.Row, error) {
+	return b.be.ListScheduled(ctx, db, q)
 }
 
 func (b backendScheduler) change(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
 	return b.be.ChangeScheduled(ctx, db, discard, ids)
 }
 
-func (p *pgScheduler) list(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
-	rows, err := db.QueryContext(ctx, `SELECT id::text, event_type, event_key, exchange, routing_key, payload, content_type, headers::text,
-	created_at, due, coalesce(last_error, '') FROM `+p.t.scheduledTable()+` ORDER BY due, id LIMIT $1`, limit)
+func (p *pgScheduler) list(ctx context.Context, db *sql.DB, q backend.ScheduledQuery) ([]backend.Row, error) {
+	after := cmp.Or(q.AfterID, "00000000-0000-0000-0000-000000000000")
+	rows, err := db.QueryContext(ctx, p.listQ, q.Limit, q.EventType, q.Key, q.AfterDue, after)
 	if err != nil {
 		return nil, err
 	}
@@ -282,14 +295,53 @@ func (p *pgScheduler) change(ctx context.Context, db *sql.DB, discard bool, ids 
 // not move into the table (a message of its ID was written there
 // meanwhile), its LastError.
 func (s *Store) Scheduled(ctx context.Context, limit int) ([]Message, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("outbox: Scheduled: limit must be at least 1 (got %d)", limit)
+	}
+	return s.findScheduled(ctx, backend.ScheduledQuery{Limit: limit})
+}
+
+// ScheduledQuery selects delayed messages for FindScheduled. Its empty
+// fields match every message.
+type ScheduledQuery struct {
+	// Limit is the most messages returned (at least 1, at most
+	// ScheduledQueryMax).
+	Limit int
+	// EventType and Key, when set, match exactly.
+	EventType, Key string
+	// After, when set, is the last message of the previous page (as
+	// FindScheduled returned it): the page starts after it.
+	After *Message
+}
+
+// ScheduledQueryMax is the largest ScheduledQuery.Limit.
+const ScheduledQueryMax = 1000
+
+// FindScheduled returns the delayed messages q selects, the soonest due
+// first (by NotBefore, then ID), a page at a time: pass the last message
+// of a page as the next query's After. Each page reads from where the
+// last ended (by the table of delayed messages' index of due times on
+// PostgreSQL), so that a late page costs what the first does.
+func (s *Store) FindScheduled(ctx context.Context, q ScheduledQuery) ([]Message, error) {
+	if q.Limit < 1 || q.Limit > ScheduledQueryMax {
+		return nil, fmt.Errorf("outbox: FindScheduled: limit must be 1 to %d (got %d)", ScheduledQueryMax, q.Limit)
+	}
+	bq := backend.ScheduledQuery{Limit: q.Limit, EventType: q.EventType, Key: q.Key}
+	if q.After != nil {
+		if q.After.NotBefore.IsZero() || q.After.ID == "" {
+			return nil, fmt.Errorf("outbox: FindScheduled: After is not a delayed message (its NotBefore or ID is empty)")
+		}
+		bq.AfterDue, bq.AfterID = q.After.NotBefore.UnixMicro(), q.After.ID
+	}
+	return s.findScheduled(ctx, bq)
+}
+
+func (s *Store) findScheduled(ctx context.Context, q backend.ScheduledQuery) ([]Message, error) {
 	db, err := s.pool()
 	if err != nil {
 		return nil, err
 	}
-	if limit < 1 {
-		return nil, fmt.Errorf("outbox: Scheduled: limit must be at least 1 (got %d)", limit)
-	}
-	rows, err := s.sched.list(ctx, db, limit)
+	rows, err := s.sched.list(ctx, db, q)
 	switch {
 	case dberr.Classify(err) == dberr.NoTable:
 		return nil, nil

@@ -48,6 +48,8 @@ type storage interface {
 	// hasNotifyTrigger is HasNotifyTrigger: false on a database without
 	// LISTEN/NOTIFY.
 	hasNotifyTrigger(ctx context.Context, db *sql.DB) (bool, error)
+	// schemaVersion is SchemaVersion (inspect.go).
+	schemaVersion(ctx context.Context, db *sql.DB) (version, latest int, err error)
 }
 
 // backendStorage is a table kept by a backend of package backend: one kind

@@ -1,8 +1,10 @@
 // Package console is an operator's console for outbox tables in the
-// browser: how far behind each table is, what is parked and why, what
-// waits delayed, and the actions an operator takes on them (retry,
-// discard, publish now), one message or in bulk by filter, each after a
-// preview and a confirmation, each written to the log as an audit line.
+// browser: how far behind each table is and what it published in the last
+// hour, what is parked and why, what waits delayed, what the relays hold
+// under their leases, which keys are blocked and what each key's queue
+// holds, and the actions an operator takes (retry, discard, publish now),
+// one message or in bulk by filter, each after a preview and a
+// confirmation, each written to the log as an audit line.
 //
 // Handler returns a net/http handler to mount in an application's own
 // server, under a path prefix with http.StripPrefix:
@@ -151,6 +153,8 @@ func Handler(cfg Config) (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /table", c.table)
+	mux.HandleFunc("GET /key", c.key)
 	mux.HandleFunc("GET /parked", c.parked)
 	mux.HandleFunc("GET /delayed", c.delayed)
 	mux.HandleFunc("GET /inbox", c.inboxDead)

@@ -21,7 +21,10 @@ import (
 // last seven days, beside OUTBOX_BENCH_PARKED parked ones (default
 // 100,000) and 1,000 ready: the overview, the first page of the parked
 // list, its hundredth page (by its cursor) and a list filtered by an
-// error text that only the oldest parked message has.
+// error text that only the oldest parked message has; the table's page
+// (its counts, the last hour's chart, the live claims, the blocked keys),
+// a key's queue (100 parked messages) and the first page of the delayed
+// list (empty).
 func BenchmarkConsolePages(b *testing.B) {
 	ctx := context.Background()
 	db := dbtest.DB(b)
@@ -66,6 +69,9 @@ func BenchmarkConsolePages(b *testing.B) {
 		"parked-100th-page":  list + fmt.Sprintf("&after=%d.%d", us, seq),
 		"parked-rare-error":  list + "&error=oldest",
 		"parked-type-filter": list + "&type=order.3",
+		"table":              "/table?table=" + url.QueryEscape(s.Table()),
+		"key-queue":          "/key?table=" + url.QueryEscape(s.Table()) + "&key=k7",
+		"delayed-first-page": "/delayed?table=" + url.QueryEscape(s.Table()),
 	} {
 		b.Run(name, func(b *testing.B) {
 			for range b.N {

@@ -273,4 +273,22 @@ func TestConsoleRetriesInboxDeadLetters(t *testing.T) {
 	recs, err = ib.Records(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, recs.Dead)
+
+	// Every dead letter at once, after a confirmation that counts them.
+	for _, id := range []string{"m-3", "m-4"} {
+		_, _ = ib.Handle(ctx, &amqp.Delivery{MessageId: id}, fail)
+	}
+	code, body = get(t, c, srv.URL+"/confirm?action=inbox-retry&scope=filter&inbox="+url.QueryEscape(name))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "inbox-retry 3 messages of "+name)
+	require.Contains(t, body, "<code>m-2</code>", "the sample names them")
+	resp, err = c.PostForm(srv.URL+"/act", url.Values{"action": {"inbox-retry"}, "inbox": {name}, "scope": {"filter"}, "csrf": {token[1]}})
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(b), "inbox-retry: 3 messages")
+	recs, err = ib.Records(ctx)
+	require.NoError(t, err)
+	require.Zero(t, recs.Dead)
 }

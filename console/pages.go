@@ -17,11 +17,12 @@ import (
 
 // tableView is one table's line of the overview.
 type tableView struct {
-	Name     string
-	Layout   string
-	Ordering string
-	Stats    outbox.Stats
-	Err      string
+	Name            string
+	Layout          string
+	Ordering        string
+	Version, Latest int // the newest of its layout's migrations it has, and the latest
+	Stats           outbox.Stats
+	Err             string
 }
 
 func (c *console) overview(w http.ResponseWriter, r *http.Request) {
@@ -29,20 +30,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var views []tableView
 	for _, name := range c.names {
-		s := c.stores[name]
-		v := tableView{Name: name}
-		st, err := s.Stats(ctx)
-		if err == nil {
-			v.Stats = st
-			var l outbox.Layout
-			if l, err = s.Layout(ctx); err == nil {
-				v.Layout = l.String()
-				var o outbox.Ordering
-				if o, err = s.TableOrdering(ctx); err == nil {
-					v.Ordering = o.String()
-				}
-			}
-		}
+		v, err := c.describe(ctx, c.stores[name])
 		if err != nil {
 			v.Err = err.Error()
 		}
@@ -75,18 +63,31 @@ func (c *console) inboxDead(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no inbox %q in this console", name))
 		return
 	}
+	q := inbox.DeadQuery{Limit: PageSize + 1}
+	if after := r.URL.Query().Get("after"); after != "" {
+		at, id, ok := strings.Cut(after, ".")
+		us, err := strconv.ParseInt(at, 10, 64)
+		if !ok || err != nil || us <= 0 || id == "" {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("the page's cursor %q is not one this console made", after))
+			return
+		}
+		q.After = &inbox.DeadRecord{DeadAt: time.UnixMicro(us), MessageID: id}
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
 	defer cancel()
-	dead, err := ib.Dead(ctx, DeadMax)
+	dead, err := ib.FindDead(ctx, q)
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
-	c.render(w, r, "inbox.html", map[string]any{"Inbox": name, "Dead": dead, "Done": r.URL.Query().Get("done"), "Max": DeadMax})
+	var next string
+	if len(dead) > PageSize {
+		dead = dead[:PageSize]
+		last := dead[len(dead)-1]
+		next = "inbox?" + url.Values{"inbox": {name}, "after": {fmt.Sprintf("%d.%s", last.DeadAt.UnixMicro(), last.MessageID)}}.Encode()
+	}
+	c.render(w, r, "inbox.html", map[string]any{"Inbox": name, "Dead": dead, "Next": next, "Done": r.URL.Query().Get("done")})
 }
-
-// DeadMax is the most dead letters an inbox's page lists.
-const DeadMax = 200
 
 // filter is what a list of parked messages shows, read from a request's
 // query (or form).
@@ -125,6 +126,19 @@ func (f filter) values() url.Values {
 	return v
 }
 
+// page cuts msgs, read PageSize+1 at a time, to a page, and returns the
+// link to the next page of list (the filter's, after the cursor of the
+// page's last message), "" when there is none.
+func (f filter) page(msgs []outbox.Message, list string, cursor func(outbox.Message) string) ([]outbox.Message, string) {
+	if len(msgs) <= PageSize {
+		return msgs, ""
+	}
+	msgs = msgs[:PageSize]
+	v := f.values()
+	v.Set("after", cursor(msgs[len(msgs)-1]))
+	return msgs, list + "?" + v.Encode()
+}
+
 func (c *console) store(w http.ResponseWriter, r *http.Request, name string) *outbox.Store {
 	if name == "" && len(c.names) == 1 {
 		name = c.names[0]
@@ -155,33 +169,49 @@ func (c *console) parked(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
-	var next string
-	if len(msgs) > PageSize {
-		msgs = msgs[:PageSize]
-		last := msgs[len(msgs)-1]
-		v := f.values()
-		v.Set("after", fmt.Sprintf("%d.%d", last.ParkedAt.UnixMicro(), last.Seq))
-		next = "parked?" + v.Encode()
-	}
+	msgs, next := f.page(msgs, "parked", func(m outbox.Message) string { return fmt.Sprintf("%d.%d", m.ParkedAt.UnixMicro(), m.Seq) })
 	c.render(w, r, "parked.html", map[string]any{
 		"Filter": f, "Messages": msgs, "Next": next, "Done": r.URL.Query().Get("done"),
 		"FilterQuery": f.values().Encode(),
 	})
 }
 
+// scheduledQuery is the filter's outbox.ScheduledQuery: its type and key,
+// and its cursor "<due µs>.<id>".
+func (f filter) scheduledQuery(limit int) (outbox.ScheduledQuery, error) {
+	q := outbox.ScheduledQuery{Limit: limit, EventType: f.Type, Key: f.Key}
+	if f.After != "" {
+		at, id, ok := strings.Cut(f.After, ".")
+		us, err := strconv.ParseInt(at, 10, 64)
+		if !ok || err != nil || us <= 0 || id == "" {
+			return q, fmt.Errorf("the page's cursor %q is not one this console made", f.After)
+		}
+		q.After = &outbox.Message{NotBefore: time.UnixMicro(us), ID: id}
+	}
+	return q, nil
+}
+
 func (c *console) delayed(w http.ResponseWriter, r *http.Request) {
-	s := c.store(w, r, r.URL.Query().Get("table"))
+	f := readFilter(r.URL.Query())
+	s := c.store(w, r, f.Table)
 	if s == nil {
+		return
+	}
+	f.Table, f.Error = s.Table(), ""
+	q, err := f.scheduledQuery(PageSize + 1)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
 	defer cancel()
-	msgs, err := s.Scheduled(ctx, PageSize)
+	msgs, err := s.FindScheduled(ctx, q)
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
-	c.render(w, r, "delayed.html", map[string]any{"Table": s.Table(), "Messages": msgs, "Done": r.URL.Query().Get("done")})
+	msgs, next := f.page(msgs, "delayed", func(m outbox.Message) string { return fmt.Sprintf("%d.%s", m.NotBefore.UnixMicro(), m.ID) })
+	c.render(w, r, "delayed.html", map[string]any{"Filter": f, "Messages": msgs, "Next": next, "Done": r.URL.Query().Get("done")})
 }
 
 // action is what a confirmation asks and an act does.
@@ -196,13 +226,9 @@ func readAction(v url.Values) (action, error) {
 	a := action{Name: v.Get("action"), Filter: readFilter(v), IDs: v["id"], Inbox: v.Get("inbox")}
 	a.Filter.After = ""
 	switch a.Name {
-	case "retry", "discard":
-	case "publish-now", "inbox-retry":
-		if len(a.IDs) == 0 {
-			return a, fmt.Errorf("%s needs the messages chosen", a.Name)
-		}
+	case "retry", "discard", "publish-now", "inbox-retry":
 	default:
-		return a, fmt.Errorf("no action %q: retry, discard or publish-now", a.Name)
+		return a, fmt.Errorf("no action %q: retry, discard, publish-now or inbox-retry", a.Name)
 	}
 	if v.Get("scope") != "filter" && len(a.IDs) == 0 {
 		return a, fmt.Errorf("no message chosen: tick some, or act on every message the filter shows")
@@ -210,29 +236,51 @@ func readAction(v url.Values) (action, error) {
 	if v.Get("scope") == "filter" {
 		a.IDs = nil
 	}
+	if a.Name == "publish-now" {
+		a.Filter.Error = "" // delayed messages are chosen by type and key
+	}
 	if len(a.IDs) > BulkMax {
 		return a, fmt.Errorf("%d messages chosen: at most %d at once", len(a.IDs), BulkMax)
 	}
 	return a, nil
 }
 
-// targets are the messages a retry or discard by filter would change, at
-// most BulkMax.
-func (c *console) targets(ctx context.Context, s *outbox.Store, f filter) ([]outbox.Message, error) {
-	var all []outbox.Message
-	q, _ := f.query(outbox.ParkedQueryMax)
-	q.After = nil
+// targets are the messages an action by filter would change, at most
+// BulkMax: the parked messages the filter matches (retry, discard), or
+// the delayed ones (publish-now).
+func (c *console) targets(ctx context.Context, s *outbox.Store, a action) ([]outbox.Message, error) {
+	if a.Name == "publish-now" {
+		q, _ := a.Filter.scheduledQuery(outbox.ScheduledQueryMax)
+		return paged(outbox.ScheduledQueryMax, func(limit int, after *outbox.Message) ([]outbox.Message, error) {
+			q.Limit, q.After = limit, after
+			return s.FindScheduled(ctx, q)
+		})
+	}
+	q, _ := a.Filter.query(outbox.ParkedQueryMax)
+	return paged(outbox.ParkedQueryMax, func(limit int, after *outbox.Message) ([]outbox.Message, error) {
+		q.Limit, q.After = limit, after
+		return s.FindParked(ctx, q)
+	})
+}
+
+// paged reads up to BulkMax messages by pages of at most size from find,
+// each page after the last message of the one before, from the first.
+func paged(size int, find func(limit int, after *outbox.Message) ([]outbox.Message, error)) ([]outbox.Message, error) {
+	var (
+		all   []outbox.Message
+		after *outbox.Message
+	)
 	for len(all) < BulkMax {
-		q.Limit = min(outbox.ParkedQueryMax, BulkMax-len(all))
-		page, err := s.FindParked(ctx, q)
+		limit := min(size, BulkMax-len(all))
+		page, err := find(limit, after)
 		if err != nil {
 			return nil, err
 		}
 		all = append(all, page...)
-		if len(page) < q.Limit {
+		if len(page) < limit {
 			break
 		}
-		q.After = &all[len(all)-1]
+		after = &all[len(all)-1]
 	}
 	return all, nil
 }
@@ -252,8 +300,29 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no inbox %q in this console", a.Inbox))
 			return
 		}
-		c.render(w, r, "confirm.html", map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)],
-			"Back": "inbox?inbox=" + url.QueryEscape(a.Inbox), "Of": a.Inbox})
+		data := map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)],
+			"Back": "inbox?inbox=" + url.QueryEscape(a.Inbox), "Of": a.Inbox, "ByFilter": a.IDs == nil}
+		if a.IDs == nil { // every dead letter of the inbox
+			ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+			defer cancel()
+			ib := c.inboxes[a.Inbox]
+			recs, err := ib.Records(ctx)
+			if err != nil {
+				c.fail(w, r, http.StatusInternalServerError, err.Error())
+				return
+			}
+			first, err := ib.FindDead(ctx, inbox.DeadQuery{Limit: 20})
+			if err != nil {
+				c.fail(w, r, http.StatusInternalServerError, err.Error())
+				return
+			}
+			var sample []string
+			for _, d := range first {
+				sample = append(sample, d.MessageID)
+			}
+			data["Count"], data["Sample"] = int(recs.Dead), sample
+		}
+		c.render(w, r, "confirm.html", data)
 		return
 	}
 	s := c.store(w, r, a.Filter.Table)
@@ -263,13 +332,13 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 	a.Filter.Table = s.Table()
 	back := "parked?" + a.Filter.values().Encode()
 	if a.Name == "publish-now" {
-		back = "delayed?table=" + url.QueryEscape(s.Table())
+		back = "delayed?" + a.Filter.values().Encode()
 	}
 	data := map[string]any{"Action": a, "Count": len(a.IDs), "Sample": a.IDs[:min(len(a.IDs), 20)], "ByFilter": a.IDs == nil, "Back": back, "Of": s.Table()}
 	if a.IDs == nil {
 		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
 		defer cancel()
-		msgs, err := c.targets(ctx, s, a.Filter)
+		msgs, err := c.targets(ctx, s, a)
 		if err != nil {
 			c.fail(w, r, http.StatusInternalServerError, err.Error())
 			return
@@ -314,7 +383,7 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ids := a.IDs
 	if ids == nil {
-		msgs, err := c.targets(ctx, s, a.Filter)
+		msgs, err := c.targets(ctx, s, a)
 		if err != nil {
 			c.fail(w, r, http.StatusInternalServerError, err.Error())
 			return
@@ -341,7 +410,7 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 	}
 	page, v := "parked", a.Filter.values()
 	if a.Name == "publish-now" {
-		page, v = "delayed", url.Values{"table": {s.Table()}}
+		page = "delayed"
 	}
 	v.Set("done", fmt.Sprintf("%s: %d of %d messages", a.Name, n, len(ids)))
 	http.Redirect(w, r, page+"?"+v.Encode(), http.StatusSeeOther)
@@ -401,12 +470,25 @@ func (c *console) inboxRetry(w http.ResponseWriter, r *http.Request, a action) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
 	defer cancel()
-	n, err := ib.Retry(ctx, a.IDs...)
-	c.log.Info("console: inbox-retry", "table", ib.Table(), "consumer", ib.ConsumerName(), "by", who(r), "asked", len(a.IDs), "changed", n, "err", err)
+	var (
+		n   int64
+		err error
+	)
+	if a.IDs == nil {
+		n, err = ib.RetryAllDead(ctx)
+	} else {
+		n, err = ib.Retry(ctx, a.IDs...)
+	}
+	c.log.Info("console: inbox-retry", "table", ib.Table(), "consumer", ib.ConsumerName(), "by", who(r), "asked", len(a.IDs), "changed", n,
+		"every_dead", a.IDs == nil, "err", err)
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
-	v := url.Values{"inbox": {a.Inbox}, "done": {fmt.Sprintf("inbox-retry: %d of %d messages", n, len(a.IDs))}}
+	done := fmt.Sprintf("inbox-retry: %d of %d messages", n, len(a.IDs))
+	if a.IDs == nil {
+		done = fmt.Sprintf("inbox-retry: %d messages", n)
+	}
+	v := url.Values{"inbox": {a.Inbox}, "done": {done}}
 	http.Redirect(w, r, "inbox?"+v.Encode(), http.StatusSeeOther)
 }

@@ -136,7 +136,9 @@ RETURNING attempts, dead_at IS NOT NULL`)
 	ib.q.reviveAll = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = $1 AND dead_at IS NOT NULL`)
 	ib.q.dead = r.Replace(`SELECT message_id, attempts, coalesce(last_error, ''),
 	(extract(epoch FROM received_at) * 1000000)::bigint, (extract(epoch FROM dead_at) * 1000000)::bigint FROM {table}
-WHERE consumer = $1 AND dead_at IS NOT NULL ORDER BY dead_at, message_id LIMIT $2`)
+WHERE consumer = $1 AND dead_at IS NOT NULL
+  AND ($3::bigint = 0 OR (dead_at, message_id) > (to_timestamp(0) + $3::bigint * interval '1 microsecond', $4::text))
+ORDER BY dead_at, message_id LIMIT $2`)
 	ib.q.deadAmong = r.Replace(`SELECT count(*) FROM {table} WHERE consumer = $1 AND message_id = ANY($2::text[]) AND dead_at IS NOT NULL`)
 	ib.q.records = r.Replace(`SELECT count(*) FILTER (WHERE handled_at IS NOT NULL), count(*) FILTER (WHERE handled_at IS NULL AND dead_at IS NULL),
 	count(*) FILTER (WHERE dead_at IS NOT NULL) FROM {table} WHERE consumer = $1`)

@@ -42,7 +42,9 @@ ON DUPLICATE KEY UPDATE dead_at = CASE WHEN attempts + 1 >= ? THEN {now} END, at
 	ib.q.revive = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = ? AND message_id = ? AND dead_at IS NOT NULL`)
 	ib.q.reviveAll = r.Replace(`UPDATE {table} SET dead_at = NULL, attempts = 0 WHERE consumer = ? AND dead_at IS NOT NULL`)
 	ib.q.dead = r.Replace(`SELECT message_id, attempts, coalesce(last_error, ''), ` + mysqlMicros("received_at") + `, ` + mysqlMicros("dead_at") + ` FROM {table}
-WHERE consumer = ? AND dead_at IS NOT NULL ORDER BY dead_at, message_id LIMIT ?`)
+WHERE consumer = ? AND dead_at IS NOT NULL
+  AND (? = 0 OR (dead_at, message_id) > (TIMESTAMP '1970-01-01 00:00:00' + INTERVAL ? MICROSECOND, ?))
+ORDER BY dead_at, message_id LIMIT ?`)
 	ib.q.records = r.Replace(`SELECT coalesce(sum(handled_at IS NOT NULL), 0), coalesce(sum(handled_at IS NULL AND dead_at IS NULL), 0),
 	coalesce(sum(dead_at IS NOT NULL), 0) FROM {table} WHERE consumer = ?`)
 	ib.q.purgeable = r.Replace(`SELECT count(*) FROM {table}

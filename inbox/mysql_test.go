@@ -73,3 +73,40 @@ func TestMySQLDeadRecords(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Records{Failing: 1}, recs)
 }
+
+// Issue 44: the dead-lettered records are paged from where the last page
+// ended, the oldest dead first, each once, on PostgreSQL and MySQL.
+func TestFindDeadPages(t *testing.T) {
+	for _, mysql := range []bool{false, true} {
+		t.Run(map[bool]string{false: "postgres", true: "mysql"}[mysql], func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			w := setupOn(t, 1, mysql)
+			for i := range 5 {
+				w.publish(t, fmt.Sprintf("bad-%d", i))
+				_, err := w.ib.Handle(ctx, w.next(t), func(context.Context, *sql.Tx, *amqp.Delivery) error { return fmt.Errorf("no such invoice") })
+				require.Error(t, err)
+			}
+			var seen []inbox.DeadRecord
+			q := inbox.DeadQuery{Limit: 2}
+			for page := 0; ; page++ {
+				got, err := w.ib.FindDead(ctx, q)
+				require.NoError(t, err)
+				if len(got) == 0 {
+					break
+				}
+				require.LessOrEqual(t, len(got), 2)
+				seen = append(seen, got...)
+				q.After = &got[len(got)-1]
+				require.Less(t, page, 4, "the pages do not end")
+			}
+			require.Len(t, seen, 5)
+			for i := 1; i < len(seen); i++ {
+				a, b := seen[i-1], seen[i]
+				require.True(t, a.DeadAt.Before(b.DeadAt) || (a.DeadAt.Equal(b.DeadAt) && a.MessageID < b.MessageID), "the oldest dead first")
+			}
+			_, err := w.ib.FindDead(ctx, inbox.DeadQuery{Limit: 1, After: &inbox.DeadRecord{}})
+			require.ErrorContains(t, err, "not a dead record")
+		})
+	}
+}

@@ -39,7 +39,42 @@ func (ib *Inbox) Dead(ctx context.Context, limit int) ([]DeadRecord, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("inbox: Dead: limit must be positive (got %d)", limit)
 	}
-	rows, err := ib.db.QueryContext(ctx, ib.q.dead, ib.consumer, limit)
+	return ib.dead(ctx, limit, 0, "")
+}
+
+// DeadQuery selects a page of dead-lettered records for FindDead.
+type DeadQuery struct {
+	// Limit is the most records returned (at least 1).
+	Limit int
+	// After, when set, is the last record of the previous page (as
+	// FindDead returned it): the page starts after it.
+	After *DeadRecord
+}
+
+// FindDead lists the records of messages the consumer dead-lettered a
+// page at a time, the oldest dead first (by DeadAt, then MessageID): pass
+// the last record of a page as the next query's After.
+func (ib *Inbox) FindDead(ctx context.Context, q DeadQuery) ([]DeadRecord, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("inbox: FindDead: limit must be positive (got %d)", q.Limit)
+	}
+	if q.After == nil {
+		return ib.dead(ctx, q.Limit, 0, "")
+	}
+	if q.After.DeadAt.IsZero() || q.After.MessageID == "" {
+		return nil, fmt.Errorf("inbox: FindDead: After is not a dead record (its DeadAt or MessageID is empty)")
+	}
+	return ib.dead(ctx, q.Limit, q.After.DeadAt.UnixMicro(), q.After.MessageID)
+}
+
+// dead lists up to limit dead records after (afterUs, afterID), from the
+// first when afterUs is 0.
+func (ib *Inbox) dead(ctx context.Context, limit int, afterUs int64, afterID string) ([]DeadRecord, error) {
+	args := []any{ib.consumer, limit, afterUs, afterID}
+	if ib.mysql {
+		args = []any{ib.consumer, afterUs, afterUs, afterID, limit}
+	}
+	rows, err := ib.db.QueryContext(ctx, ib.q.dead, args...)
 	if err != nil {
 		return nil, ib.wrap("listing dead-lettered messages", err)
 	}

@@ -263,6 +263,16 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.True(t, seen[retryID], "the retried message was published")
 	require.False(t, seen[discardID])
 
+	// The table's page charts what was published: the four, in the last
+	// minute or two, a bar a minute.
+	b.open(url+"table?table="+store.Table(), `#chart`)
+	b.shot("table")
+	require.Equal(t, 60, eval[int](b, `document.querySelectorAll("#chart rect.bar").length`))
+	require.Equal(t, 4, eval[int](b, `[...document.querySelectorAll("#chart rect.bar title")]
+		.map(t => +t.textContent.match(/\((\d+) messages\)/)[1]).reduce((a, b) => a + b, 0)`))
+	require.Greater(t, eval[float64](b, `Math.max(...[...document.querySelectorAll("#chart rect.bar")].map(r => r.getBBox().height))`), 0.0,
+		"the bars are drawn")
+
 	// A discard asks first; its form without the CSRF token is refused.
 	b.open(url+"parked?table="+store.Table(), `#parked`)
 	b.do(chromedp.Click(chromedp.CSS(`tr.msg[data-id="` + discardID + `"] input[type="checkbox"]`)))

@@ -36,6 +36,7 @@ type Row struct {
 	Unfit                                string    // why the row cannot be relayed as written (a column that does not scan); "" when it can
 	Ord                                  int64     // its place in its key's order on an ordered table (0: none)
 	Due                                  time.Time // when a delayed message is due (ListScheduled)
+	State                                string    // KeyQueue: StateReady, StateInFlight, …
 }
 
 // Ref names a claimed message to a settle: its id, its seq and its key.
@@ -98,6 +99,10 @@ type Backend interface {
 	DropStatements() []string
 	// Exists says whether the table is there.
 	Exists(ctx context.Context, db *sql.DB) (bool, error)
+	// SchemaVersion says which of the backend's migrations the table has
+	// (the number of the newest applied, as the migration files number
+	// them) and the latest.
+	SchemaVersion(ctx context.Context, db *sql.DB) (version, latest int, err error)
 
 	// OrderStatements make the table ordered, UnorderStatements
 	// unordered.
@@ -131,9 +136,10 @@ type Backend interface {
 	// not move too, and how far from now the next of the others is due
 	// (ok false: none).
 	Scheduled(ctx context.Context, db *sql.DB, limit int64) (n int64, next time.Duration, ok bool, err error)
-	// ListScheduled lists up to limit delayed messages, the soonest due
-	// first, with their due time and, for one not moved, its last error.
-	ListScheduled(ctx context.Context, db *sql.DB, limit int) ([]Row, error)
+	// ListScheduled lists up to q.Limit delayed messages that match q, the
+	// soonest due first (by due, then id), with their due time and, for
+	// one not moved, its last error.
+	ListScheduled(ctx context.Context, db *sql.DB, q ScheduledQuery) ([]Row, error)
 	// ChangeScheduled makes the delayed messages among ids due now (and
 	// one not moved is tried again), or with discard deletes them, and
 	// returns how many it changed.
@@ -194,6 +200,8 @@ type Queue interface {
 	Purge(ctx context.Context, db *sql.DB, olderThan time.Duration, batch int, progress func(int64)) (int64, error)
 	// Purgeable counts what Purge would delete.
 	Purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error)
+
+	Inspector
 }
 
 // A GiveBacker gives back at once what a claim that failed may have taken
@@ -208,6 +216,17 @@ type GiveBacker interface {
 // NoneDue is what Promote returns as the next due time when no delayed
 // message waits.
 const NoneDue = time.Duration(math.MaxInt64)
+
+// ScheduledQuery selects delayed messages: at most Limit, those whose type
+// and key are EventType and Key (each "" for any), due after the message
+// at (AfterDue, AfterID) in the list's order (AfterDue zero: from the
+// first). AfterDue is in microseconds since the epoch.
+type ScheduledQuery struct {
+	Limit          int
+	EventType, Key string
+	AfterDue       int64
+	AfterID        string
+}
 
 // ParkedQuery selects parked messages: at most Limit, those whose type
 // and key are EventType and Key and whose last error contains ErrorText

@@ -53,8 +53,9 @@ type Store struct {
 	name    string
 
 	q     queries
-	sq    schedQueries // scheduled.go
-	low   lowMark      // where claims read from (low.go)
+	sq    schedQueries   // scheduled.go
+	ins   inspectQueries // inspect.go
+	low   lowMark        // where claims read from (low.go)
 	mu    sync.Mutex
 	lists map[string]string // statement texts by kind and list length
 }
@@ -76,6 +77,7 @@ func New(schema, name string) *Store {
 		schema: schema, name: name, lists: map[string]string{}}
 	s.q = newQueries(s.quoted)
 	s.sq = newSchedQueries(s.sched)
+	s.ins = newInspectQueries(s.quoted)
 	return s
 }
 
@@ -267,6 +269,15 @@ WHERE table_schema = coalesce(nullif(?, ''), DATABASE()) AND table_name = ?`, s.
 	return n > 0, err
 }
 
+// SchemaVersion implements backend.Backend: 000001 makes the table,
+// 000002 the table of delayed messages beside it.
+func (s *Store) SchemaVersion(ctx context.Context, db *sql.DB) (version, latest int, err error) {
+	var n int
+	err = db.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.tables
+WHERE table_schema = coalesce(nullif(?, ''), DATABASE()) AND table_name IN (?, ?)`, s.schema, s.name, s.name+"_scheduled").Scan(&n)
+	return n, 2, err
+}
+
 // readCommitted runs fn in a transaction at READ COMMITTED, committed when
 // fn returns nil and rolled back otherwise.
 func readCommitted(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
@@ -281,7 +292,7 @@ func readCommitted(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) erro
 	return tx.Commit()
 }
 
-func scanRows(rows *sql.Rows) ([]backend.Row, error) {
+func scanRows(rows *sql.Rows, more ...func(*backend.Row) []any) ([]backend.Row, error) {
 	defer rows.Close()
 	var out []backend.Row
 	for rows.Next() {
@@ -290,8 +301,12 @@ func scanRows(rows *sql.Rows) ([]backend.Row, error) {
 			created, claimed, parkedU int64
 			token                     string // the claim's, set by Claim
 		)
-		if err := rows.Scan(&r.Seq, &r.ID, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload, &r.ContentType, &r.Headers,
-			&created, &r.Attempts, &r.LastError, &token, &claimed, &parkedU, &r.Ord); err != nil {
+		dest := []any{&r.Seq, &r.ID, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload, &r.ContentType, &r.Headers,
+			&created, &r.Attempts, &r.LastError, &token, &claimed, &parkedU, &r.Ord}
+		for _, m := range more {
+			dest = append(dest, m(&r)...)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		r.CreatedAt, r.ClaimedUntil, r.ParkedAt = fromMicros(created), fromMicros(claimed), fromMicros(parkedU)

@@ -37,7 +37,7 @@ func TestStatementsHaveNoPlaceholderLeft(t *testing.T) {
 		}
 	}
 	s := New("billing", "outbox")
-	for _, v := range []reflect.Value{reflect.ValueOf(s.q), reflect.ValueOf(s.sq)} {
+	for _, v := range []reflect.Value{reflect.ValueOf(s.q), reflect.ValueOf(s.sq), reflect.ValueOf(s.ins)} {
 		for i := range v.NumField() {
 			if q := v.Field(i).String(); q == "" || strings.Contains(q, "{") {
 				t.Errorf("query %s: %q", v.Type().Field(i).Name, q)

@@ -30,7 +30,10 @@ WHERE refused = FALSE AND due <= ` + now + ` ORDER BY due LIMIT ? FOR UPDATE SKI
 	(SELECT TIMESTAMPDIFF(MICROSECOND, ` + now + `, MIN(due)) FROM ` + sched + ` FORCE INDEX (due_idx) WHERE refused = FALSE)`,
 		list: `SELECT seq, id, event_type, event_key, exchange, routing_key, payload, content_type, headers,
 	` + micros("created_at") + `, ` + micros("due") + `, coalesce(last_error, '')
-FROM ` + sched + ` ORDER BY due, seq LIMIT ?`,
+FROM ` + sched + `
+WHERE (? = '' OR event_type = ?) AND (? = '' OR event_key = ?)
+  AND (? = 0 OR (due, id) > (TIMESTAMP '1970-01-01 00:00:00' + INTERVAL ? MICROSECOND, ?))
+ORDER BY due, id LIMIT ?`,
 	}
 }
 
@@ -175,8 +178,8 @@ func (s *Store) Scheduled(ctx context.Context, db *sql.DB, limit int64) (int64, 
 }
 
 // ListScheduled implements backend.Backend.
-func (s *Store) ListScheduled(ctx context.Context, db *sql.DB, limit int) ([]backend.Row, error) {
-	rows, err := db.QueryContext(ctx, s.sq.list, limit)
+func (s *Store) ListScheduled(ctx context.Context, db *sql.DB, q backend.ScheduledQuery) ([]backend.Row, error) {
+	rows, err := db.QueryContext(ctx, s.sq.list, q.EventType, q.EventType, q.Key, q.Key, q.AfterDue, q.AfterDue, q.AfterID, q.Limit)
 	if err != nil {
 		return nil, err
 	}

@@ -42,11 +42,12 @@ type Table struct {
 // concurrent use: it holds nothing but its statements.
 type Backend struct {
 	q, qo queries // unordered and ordered mode's
+	ins   inspectQueries
 }
 
 // New returns the Backend of t, its statements built.
 func New(t Table) *Backend {
-	return &Backend{q: newQueries(t, false), qo: newQueries(t, true)}
+	return &Backend{q: newQueries(t, false), qo: newQueries(t, true), ins: newInspectQueries(t)}
 }
 
 // Claim is the claim token a claim wrote in the rows it took.
@@ -74,7 +75,8 @@ func (b *Backend) Texts(ordered bool) map[string]string {
 	return map[string]string{"claim": q.claim, "markPublished": q.markPublished, "release": q.release, "markFailed": q.markFailed,
 		"releaseClaim": q.releaseClaim, "pending": q.pending, "stats": q.stats, "parked": q.parked, "retry": q.retry,
 		"retryAll": q.retryAll, "purge": q.purge, "purgeable": q.purgeable, "gauges": q.gauges, "discard": q.discard,
-		"hold": q.hold, "unhold": q.unhold}
+		"hold": q.hold, "unhold": q.unhold, "leases": b.ins.leases, "blockedKeys": b.ins.blockedKeys, "keyQueue": b.ins.keyQueue,
+		"publishedByMinute": b.ins.publishedByMinute}
 }
 
 // Claim implements backend.Queue: one statement, the rows returned in the
@@ -253,10 +255,11 @@ func (b *Backend) Purgeable(ctx context.Context, db *sql.DB, olderThan time.Dura
 	return n, err
 }
 
-// scanRows reads the rows of messageColumns, each with claim. A row that
+// scanRows reads the rows of messageColumns, each with claim, and the
+// columns after them into what more returns of each row. A row that
 // cannot be read as written (a column that does not scan) is returned
 // with Unfit set; one whose id cannot be read either is a BadRowError.
-func scanRows(rows *sql.Rows, claim backend.Claim) ([]backend.Row, error) {
+func scanRows(rows *sql.Rows, claim backend.Claim, more ...func(*backend.Row) []any) ([]backend.Row, error) {
 	defer rows.Close()
 	var out []backend.Row
 	for rows.Next() {
@@ -264,8 +267,12 @@ func scanRows(rows *sql.Rows, claim backend.Claim) ([]backend.Row, error) {
 			r                 backend.Row
 			claimed, parkedAt sql.NullTime
 		)
-		if err := rows.Scan(&r.ID, &r.Seq, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload,
-			&r.ContentType, &r.Headers, &r.CreatedAt, &r.Attempts, &r.LastError, &claimed, &parkedAt); err != nil {
+		dest := []any{&r.ID, &r.Seq, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload,
+			&r.ContentType, &r.Headers, &r.CreatedAt, &r.Attempts, &r.LastError, &claimed, &parkedAt}
+		for _, m := range more {
+			dest = append(dest, m(&r)...)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			if r.ID == "" {
 				return nil, backend.BadRowError{Err: err}
 			}

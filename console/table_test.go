@@ -1,0 +1,151 @@
+package console_test
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/console"
+	"github.com/acemq/outbox/internal/dbtest"
+	"github.com/acemq/outbox/internal/mysqltest"
+)
+
+// Issue 44: a table's page shows what the relays hold under their leases,
+// the keys a parked message blocks (with what is held behind them), and
+// the published messages of the last hour as a chart; a key's page lists
+// its queue in order, each message with its state. On PostgreSQL (the log
+// layout) and on MariaDB.
+func TestConsoleShowsClaimsBlockedKeysAndAKeysQueue(t *testing.T) {
+	for _, database := range []string{"postgres", "mysql"} {
+		t.Run(database, func(t *testing.T) {
+			ctx := context.Background()
+			cfg := &outbox.StoreConfig{MaxAttempts: 1, Ordering: outbox.OrderedByKey}
+			var db *sql.DB
+			if database == "mysql" {
+				db = mysqltest.DB(t)
+			} else {
+				db, cfg.Table = dbtest.DB(t), dbtest.Table(t)
+			}
+			s, err := outbox.NewStore(db, cfg)
+			require.NoError(t, err)
+			require.NoError(t, s.CreateSchemaIfAbsent(ctx))
+			add(t, db, s, outbox.Event{Type: "order.placed", Key: "o-<1>"})
+			head, err := s.Claim(ctx, 10, time.Minute)
+			require.NoError(t, err)
+			require.Len(t, head, 1)
+			require.NoError(t, s.MarkFailed(ctx, head[0], "no route"))
+			add(t, db, s, outbox.Event{Type: "order.paid", Key: "o-<1>"}, outbox.Event{Type: "order.shipped", Key: "o-<1>"},
+				outbox.Event{Type: "order.placed", Key: "o-2"}, outbox.Event{Type: "order.placed", Key: "o-3"})
+			_, _, err = s.Reconcile(ctx)
+			require.NoError(t, err)
+			claimed, err := s.Claim(ctx, 10, time.Minute)
+			require.NoError(t, err)
+			require.Len(t, claimed, 2, "o-2 and o-3; o-<1> is blocked")
+			for _, m := range claimed {
+				if m.Key == "o-3" {
+					require.NoError(t, s.MarkPublished(ctx, m))
+				}
+			}
+
+			h, err := console.Handler(console.Config{Stores: []*outbox.Store{s}})
+			require.NoError(t, err)
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			c := srv.Client()
+
+			code, body := get(t, c, srv.URL+"/table?table="+url.QueryEscape(s.Table()))
+			require.Equal(t, http.StatusOK, code, body)
+			require.Equal(t, 1, strings.Count(body, `class="lease"`), "o-2's claim: %s", body)
+			require.Regexp(t, `class="lease"><td class="id">[^<]+</td><td class="n">1<`, body)
+			require.Equal(t, 1, strings.Count(body, `class="blocked"`))
+			require.Contains(t, body, `data-key="o-&lt;1&gt;"`, "keys are escaped")
+			require.Regexp(t, `class="blocked"[^>]*><td><a [^>]*>o-&lt;1&gt;</a></td><td class="n">1</td><td class="n">2<`, body,
+				"one parked, two held behind it")
+			require.Equal(t, console.ChartMinutes, strings.Count(body, `class="bar"`))
+			require.Regexp(t, `id="last">0\.0<`, body, "one published in the last minute is 1/60 a second")
+			require.Regexp(t, `<title>1–0 min ago: 0\.0/s \(1 messages\)</title>`, body)
+
+			code, body = get(t, c, srv.URL+"/key?table="+url.QueryEscape(s.Table())+"&key="+url.QueryEscape("o-<1>"))
+			require.Equal(t, http.StatusOK, code, body)
+			states := regexp.MustCompile(`data-state="([^"]+)"`).FindAllStringSubmatch(body, -1)
+			require.Len(t, states, 3, body)
+			require.Equal(t, []string{"parked", "held", "held"}, []string{states[0][1], states[1][1], states[2][1]})
+			require.Contains(t, body, `data-id="`+head[0].ID+`"`)
+			require.Less(t, strings.Index(body, "order.paid"), strings.Index(body, "order.shipped"), "in their order")
+
+			code, _ = get(t, c, srv.URL+"/key?table="+url.QueryEscape(s.Table()))
+			require.Equal(t, http.StatusBadRequest, code, "no key")
+			code, _ = get(t, c, srv.URL+"/table?table=nope")
+			require.Equal(t, http.StatusNotFound, code)
+		})
+	}
+}
+
+// Issue 44: the delayed messages are paged, filtered by type and key, and
+// published now in bulk by filter, after a confirmation that counts them.
+func TestConsolePagesDelayedAndPublishesThemByFilter(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.DB(t)
+	s, err := outbox.NewStore(db, &outbox.StoreConfig{Table: dbtest.Table(t)})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateSchemaIfAbsent(ctx))
+	var evts []outbox.Event
+	for i := range console.PageSize + 10 {
+		key := "k1"
+		if i%10 == 0 {
+			key = "k2" // 6 of them
+		}
+		evts = append(evts, outbox.Event{Type: "remind", Key: key, NotBefore: time.Now().Add(time.Hour + time.Duration(i)*time.Second)})
+	}
+	add(t, db, s, evts...)
+	h, err := console.Handler(console.Config{Stores: []*outbox.Store{s}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := srv.Client()
+	table := url.QueryEscape(s.Table())
+
+	code, body := get(t, c, srv.URL+"/delayed?table="+table)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, console.PageSize, strings.Count(body, `class="delayed"`))
+	next := regexp.MustCompile(`href="(delayed\?[^"]+)" id="next"`).FindStringSubmatch(body)
+	require.NotNil(t, next, "a next page")
+	code, body = get(t, c, srv.URL+"/"+strings.ReplaceAll(next[1], "&amp;", "&"))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 10, strings.Count(body, `class="delayed"`), "the rest")
+	require.NotContains(t, body, `id="next"`)
+
+	code, body = get(t, c, srv.URL+"/delayed?table="+table+"&key=k2")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 6, strings.Count(body, `class="delayed"`))
+
+	code, body = get(t, c, srv.URL+"/confirm?action=publish-now&scope=filter&table="+table+"&key=k2")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "publish-now 6 messages")
+	require.Contains(t, body, "Every delayed message whose key is <code>k2</code>")
+	token := csrfField.FindStringSubmatch(body)
+	require.NotNil(t, token)
+	resp, err := c.PostForm(srv.URL+"/act", url.Values{"csrf": {token[1]}, "action": {"publish-now"}, "scope": {"filter"},
+		"table": {s.Table()}, "key": {"k2"}})
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	require.Contains(t, string(b), "publish-now: 6 of 6 messages")
+	_, err = s.MoveDue(ctx)
+	require.NoError(t, err)
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 6, st.Ready, "the six of k2 are due and moved into the table")
+	require.EqualValues(t, console.PageSize+4, st.Scheduled, "the others still wait")
+}

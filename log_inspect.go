@@ -1,0 +1,89 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+
+	"github.com/acemq/outbox/internal/backend"
+)
+
+// The log layout's inspections (see inspect.go): the batch and settle
+// tables for the live claims and the published history, the failed table
+// for the blocked keys and a key's queue.
+
+// setInspections builds the inspections' statements with r, the log
+// store's replacer.
+func (ls *logStore) setInspections(r *strings.Replacer) {
+	// The latest gen of each batch with something unsettled and its lease
+	// live, and the claims of failed messages.
+	ls.leasesSQL = r.Replace(`SELECT * FROM (
+	SELECT 'batch ' || u.batch_id || ', gen ' || u.gen, u.remaining::bigint, u.lease_until FROM ` + unsettledFrom + `
+	WHERE u.remaining > 0 AND u.taken
+	UNION ALL
+	SELECT 'failed ' || claim_token::text, count(*), max(claimed_until) FROM {failed}
+	WHERE published_at IS NULL AND discarded_at IS NULL AND ` + logFailedInFlight + ` AND claim_token IS NOT NULL
+	GROUP BY claim_token) AS l
+ORDER BY 3 LIMIT $1`)
+	ls.blockedKeysSQL = r.Replace(`SELECT event_key, count(*) FILTER (WHERE parked_at IS NOT NULL), min(parked_at),
+	count(*) FILTER (WHERE ` + logFailedHeld + `)
+FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL AND event_key <> ''
+GROUP BY event_key HAVING count(*) FILTER (WHERE parked_at IS NOT NULL) > 0
+ORDER BY min(parked_at) LIMIT $1`)
+	ls.keyQueueSQL = r.Replace(`SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload, o.content_type, o.headers, o.created_at,
+	o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at, CASE
+	WHEN o.parked_at IS NOT NULL THEN 'parked'
+	WHEN o.claimed_until > now() THEN 'in flight'
+	WHEN o.last_error IS NULL THEN 'held'
+	WHEN o.available_at > now() THEN 'retrying'
+	ELSE 'ready' END
+FROM {failed} AS o WHERE o.event_key = $1 AND o.published_at IS NULL AND o.discarded_at IS NULL
+ORDER BY coalesce(o.ord, 0), o.seq LIMIT $2`)
+	ls.publishedByMinuteSQL = r.Replace(`SELECT floor(extract(epoch FROM now() - at) / 60)::int, sum(cardinality(seqs))::bigint FROM {settle}
+WHERE kind = 'p' AND at > now() - $1::int * interval '1 minute' GROUP BY 1
+UNION ALL
+SELECT floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM {failed}
+WHERE published_at > now() - $1::int * interval '1 minute' AND discarded_at IS NULL GROUP BY 1`)
+}
+
+func (l logOps) leases(ctx context.Context, db *sql.DB, limit int) ([]backend.Lease, error) {
+	rows, err := db.QueryContext(ctx, l.leasesSQL, limit)
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanLeases(rows)
+}
+
+func (l logOps) blockedKeys(ctx context.Context, db *sql.DB, limit int) ([]backend.BlockedKey, error) {
+	rows, err := db.QueryContext(ctx, l.blockedKeysSQL, limit)
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanBlockedKeys(rows)
+}
+
+func (l logOps) keyQueue(ctx context.Context, db *sql.DB, key string, limit int) ([]QueuedMessage, error) {
+	rows, err := db.QueryContext(ctx, l.keyQueueSQL, key, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []QueuedMessage
+	for rows.Next() {
+		var state string
+		m, err := scanMessage(rows, nil, &state)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, QueuedMessage{Message: m, State: MessageState(state)})
+	}
+	return out, rows.Err()
+}
+
+func (l logOps) publishedByMinute(ctx context.Context, db *sql.DB, minutes int) ([]int64, error) {
+	rows, err := db.QueryContext(ctx, l.publishedByMinuteSQL, minutes)
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanMinutes(rows, minutes)
+}
