@@ -79,4 +79,17 @@ func BenchmarkConsolePages(b *testing.B) {
 			}
 		})
 	}
+	// Where the table's page spends its time: each of its reads alone.
+	for name, read := range map[string]func() error{
+		"read-stats":               func() error { _, err := s.Stats(ctx); return err },
+		"read-published-by-minute": func() error { _, err := s.PublishedByMinute(ctx, console.ChartMinutes); return err },
+		"read-leases":              func() error { _, err := s.Leases(ctx, console.ListMax); return err },
+		"read-blocked-keys":        func() error { _, err := s.BlockedKeys(ctx, console.ListMax); return err },
+	} {
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				require.NoError(b, read())
+			}
+		})
+	}
 }
