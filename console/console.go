@@ -35,6 +35,7 @@
 package console
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -49,6 +50,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/inbox"
@@ -72,6 +75,15 @@ type Config struct {
 	// Inboxes are the consumers' inboxes whose dead letters the console
 	// shows and retries (each a consumer of a table; optional).
 	Inboxes []*inbox.Inbox
+	// DeadLetterQueues names, by inbox (as the pages name it:
+	// "CONSUMER@TABLE"), the dead-letter queue of the queue its consumer
+	// consumes: the console shows how many messages wait there and
+	// replays them (inbox.Replay, to the queues they were dead-lettered
+	// from) after a confirmation. It needs Broker.
+	DeadLetterQueues map[string]string
+	// Broker opens a connection to the broker for one replay or one look
+	// at a dead-letter queue; the console closes it after.
+	Broker func(ctx context.Context) (*amqp.Connection, error)
 	// Token, when set, is required of every request: as the password of
 	// HTTP basic authentication (any user name) or as a bearer token.
 	Token string
@@ -120,6 +132,9 @@ func Handler(cfg Config) (http.Handler, error) {
 	if (cfg.User == "") != (cfg.Password == "") {
 		return nil, errors.New("console: Config.User and Config.Password go together: set both or neither")
 	}
+	if len(cfg.DeadLetterQueues) > 0 && cfg.Broker == nil {
+		return nil, errors.New("console: Config.DeadLetterQueues needs Config.Broker, to reach them")
+	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
@@ -147,6 +162,14 @@ func Handler(cfg Config) (http.Handler, error) {
 		}
 		c.inboxes[name] = ib
 		c.inboxNames = append(c.inboxNames, name)
+	}
+	for name, q := range cfg.DeadLetterQueues {
+		if c.inboxes[name] == nil {
+			return nil, fmt.Errorf("console: Config.DeadLetterQueues names inbox %q, which is not among Config.Inboxes", name)
+		}
+		if q == "" {
+			return nil, fmt.Errorf("console: Config.DeadLetterQueues gives inbox %q no queue", name)
+		}
 	}
 	if _, err := rand.Read(c.secret); err != nil {
 		return nil, fmt.Errorf("console: making the CSRF secret: %w", err)

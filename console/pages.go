@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -86,18 +87,36 @@ func (c *console) inboxDead(w http.ResponseWriter, r *http.Request) {
 		last := dead[len(dead)-1]
 		next = "inbox?" + url.Values{"inbox": {name}, "after": {fmt.Sprintf("%d.%s", last.DeadAt.UnixMicro(), last.MessageID)}}.Encode()
 	}
-	c.render(w, r, "inbox.html", map[string]any{"Inbox": name, "Dead": dead, "Next": next, "Done": r.URL.Query().Get("done")})
+	c.render(w, r, "inbox.html", map[string]any{"Inbox": name, "Dead": dead, "Next": next, "Done": r.URL.Query().Get("done"),
+		"Queue": c.lookDeadQueue(ctx, name)})
 }
 
 // filter is what a list of parked messages shows, read from a request's
 // query (or form).
 type filter struct {
 	Table, Type, Key, Error string
+	Older                   string // parked at least this long ago (a Go duration, or days: "2d"); parked lists only
 	After                   string // "<parked_at µs>.<seq>" of the last message of the previous page
 }
 
 func readFilter(v url.Values) filter {
-	return filter{Table: v.Get("table"), Type: v.Get("type"), Key: v.Get("key"), Error: v.Get("error"), After: v.Get("after")}
+	return filter{Table: v.Get("table"), Type: v.Get("type"), Key: v.Get("key"), Error: v.Get("error"), Older: v.Get("older"),
+		After: v.Get("after")}
+}
+
+// age reads an age the console is given: a Go duration ("90m", "1h30m")
+// or a number of days ("2d").
+func readAge(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		if n, err := strconv.ParseFloat(days, 64); err == nil && n >= 0 && n < 100_000 {
+			return time.Duration(n * float64(24*time.Hour)), nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("the age %q is not one: write a duration such as 90m, 2h or 3d", s)
+	}
+	return d, nil
 }
 
 // query is the filter's outbox.ParkedQuery.
@@ -111,6 +130,14 @@ func (f filter) query(limit int) (outbox.ParkedQuery, error) {
 			return q, fmt.Errorf("the page's cursor %q is not one this console made", f.After)
 		}
 		q.After = &outbox.Message{ParkedAt: time.UnixMicro(us), Seq: n}
+	} else if f.Older != "" {
+		// The list runs from the latest parked back: those parked at
+		// least Older ago are the list from that time on.
+		d, err := readAge(f.Older)
+		if err != nil {
+			return q, err
+		}
+		q.After = &outbox.Message{ParkedAt: time.Now().Add(-d), Seq: math.MaxInt64}
 	}
 	return q, nil
 }
@@ -118,7 +145,7 @@ func (f filter) query(limit int) (outbox.ParkedQuery, error) {
 // values are the filter's fields as a query, without the cursor.
 func (f filter) values() url.Values {
 	v := url.Values{"table": {f.Table}}
-	for k, s := range map[string]string{"type": f.Type, "key": f.Key, "error": f.Error} {
+	for k, s := range map[string]string{"type": f.Type, "key": f.Key, "error": f.Error, "older": f.Older} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -226,9 +253,12 @@ func readAction(v url.Values) (action, error) {
 	a := action{Name: v.Get("action"), Filter: readFilter(v), IDs: v["id"], Inbox: v.Get("inbox")}
 	a.Filter.After = ""
 	switch a.Name {
-	case "retry", "discard", "publish-now", "inbox-retry":
+	case "retry", "discard", "publish-now", "inbox-retry", "inbox-replay":
 	default:
-		return a, fmt.Errorf("no action %q: retry, discard, publish-now or inbox-retry", a.Name)
+		return a, fmt.Errorf("no action %q: retry, discard, publish-now, inbox-retry or inbox-replay", a.Name)
+	}
+	if a.Name == "inbox-replay" {
+		return a, nil // the whole dead-letter queue, up to BulkMax
 	}
 	if v.Get("scope") != "filter" && len(a.IDs) == 0 {
 		return a, fmt.Errorf("no message chosen: tick some, or act on every message the filter shows")
@@ -237,7 +267,7 @@ func readAction(v url.Values) (action, error) {
 		a.IDs = nil
 	}
 	if a.Name == "publish-now" {
-		a.Filter.Error = "" // delayed messages are chosen by type and key
+		a.Filter.Error, a.Filter.Older = "", "" // delayed messages are chosen by type and key
 	}
 	if len(a.IDs) > BulkMax {
 		return a, fmt.Errorf("%d messages chosen: at most %d at once", len(a.IDs), BulkMax)
@@ -250,26 +280,30 @@ func readAction(v url.Values) (action, error) {
 // the delayed ones (publish-now).
 func (c *console) targets(ctx context.Context, s *outbox.Store, a action) ([]outbox.Message, error) {
 	if a.Name == "publish-now" {
-		q, _ := a.Filter.scheduledQuery(outbox.ScheduledQueryMax)
-		return paged(outbox.ScheduledQueryMax, func(limit int, after *outbox.Message) ([]outbox.Message, error) {
+		q, err := a.Filter.scheduledQuery(outbox.ScheduledQueryMax)
+		if err != nil {
+			return nil, err
+		}
+		return paged(outbox.ScheduledQueryMax, q.After, func(limit int, after *outbox.Message) ([]outbox.Message, error) {
 			q.Limit, q.After = limit, after
 			return s.FindScheduled(ctx, q)
 		})
 	}
-	q, _ := a.Filter.query(outbox.ParkedQueryMax)
-	return paged(outbox.ParkedQueryMax, func(limit int, after *outbox.Message) ([]outbox.Message, error) {
+	q, err := a.Filter.query(outbox.ParkedQueryMax)
+	if err != nil {
+		return nil, err
+	}
+	return paged(outbox.ParkedQueryMax, q.After, func(limit int, after *outbox.Message) ([]outbox.Message, error) {
 		q.Limit, q.After = limit, after
 		return s.FindParked(ctx, q)
 	})
 }
 
 // paged reads up to BulkMax messages by pages of at most size from find,
-// each page after the last message of the one before, from the first.
-func paged(size int, find func(limit int, after *outbox.Message) ([]outbox.Message, error)) ([]outbox.Message, error) {
-	var (
-		all   []outbox.Message
-		after *outbox.Message
-	)
+// from after (nil: the first), each page after the last message of the
+// one before.
+func paged(size int, after *outbox.Message, find func(limit int, after *outbox.Message) ([]outbox.Message, error)) ([]outbox.Message, error) {
+	var all []outbox.Message
 	for len(all) < BulkMax {
 		limit := min(size, BulkMax-len(all))
 		page, err := find(limit, after)
@@ -293,6 +327,10 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 	a, err := readAction(r.URL.Query())
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if a.Name == "inbox-replay" {
+		c.confirmReplay(w, r, a)
 		return
 	}
 	if a.Name == "inbox-retry" {
@@ -371,8 +409,12 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	if a.Name == "inbox-retry" {
+	switch a.Name {
+	case "inbox-retry":
 		c.inboxRetry(w, r, a)
+		return
+	case "inbox-replay":
+		c.replay(w, r, a)
 		return
 	}
 	s := c.store(w, r, a.Filter.Table)

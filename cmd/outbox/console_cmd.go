@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/console"
 	"github.com/acemq/outbox/inbox"
@@ -28,6 +30,9 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 	readOnly := c.fs.Bool("read-only", false, "show, never act: no retry, discard or publish-now")
 	var inboxes tablesFlag
 	c.fs.Var(&inboxes, "inbox", "a consumer's inbox to show, as `CONSUMER@TABLE` (its dead letters; once for each)")
+	var deadQueues tablesFlag
+	c.fs.Var(&deadQueues, "dead-letter-queue", "an --inbox's dead-letter queue, as `CONSUMER@TABLE=QUEUE`: the console shows what waits there and replays it (once for each)")
+	amqpURL := c.fs.String("amqp-url", "", amqpURLHelp+"; used by --dead-letter-queue only")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -55,6 +60,22 @@ func cmdConsole(ctx context.Context, x *cli, args []string) error {
 	db.SetMaxOpenConns(4) // a page's statements run one after another
 	if err := c.consoleSources(ctx, db, &cfg, inboxes, logger); err != nil {
 		return err
+	}
+	if len(deadQueues) > 0 {
+		cfg.DeadLetterQueues = map[string]string{}
+		for _, spec := range deadQueues {
+			name, q, ok := strings.Cut(spec, "=")
+			if !ok || q == "" || !slices.Contains(inboxes, name) {
+				return c.usageError("--dead-letter-queue %q: give CONSUMER@TABLE=QUEUE, the inbox as an --inbox gives it", spec)
+			}
+			cfg.DeadLetterQueues[name] = q
+		}
+		if _, _, err := c.amqpDialer(*amqpURL, "acemq-outbox-console"); err != nil {
+			return err
+		}
+		cfg.Broker = func(ctx context.Context) (*amqp.Connection, error) {
+			return dialAny(ctx, c, *amqpURL, "acemq-outbox-console")
+		}
 	}
 	cfg.Logger = logger
 	h, err := console.Handler(cfg)

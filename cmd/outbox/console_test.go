@@ -9,15 +9,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/network"
 	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/acemq/outbox"
+	"github.com/acemq/outbox/inbox"
 	"github.com/acemq/outbox/internal/amqptest"
 	"github.com/acemq/outbox/internal/dbtest"
 )
@@ -38,9 +41,41 @@ func TestConsoleCommandRefusesToServeOthersWithoutCredentials(t *testing.T) {
 	code, _, errOut = outboxCmd(t, nil, "console", "--inbox", "no-table")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "CONSUMER@TABLE")
+	code, _, errOut = outboxCmd(t, nil, "console", "--inbox", "billing@inbox", "--dead-letter-queue", "other@inbox=billing.dead")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "CONSUMER@TABLE=QUEUE")
 	code, out, _ := outboxCmd(t, nil, "console", "--help")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "OUTBOX_CONSOLE_TOKEN")
+}
+
+// Issue 44: outbox console --dead-letter-queue shows what waits in an
+// inbox's dead-letter queue, through the broker of --amqp-url.
+func TestConsoleCommandShowsADeadLetterQueue(t *testing.T) {
+	t.Parallel()
+	db := dbtest.DB(t)
+	table := dbtest.Table(t)
+	ib, err := inbox.New(db, &inbox.Config{Consumer: "billing", Table: table})
+	require.NoError(t, err)
+	require.NoError(t, ib.CreateSchemaIfAbsent(context.Background()))
+	ch, err := amqptest.Conn(t).Channel()
+	require.NoError(t, err)
+	dlq := amqptest.Name(t, "dead")
+	_, err = ch.QueueDeclare(dlq, false, true, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.PublishWithContext(context.Background(), "", dlq, false, false, amqp.Publishing{MessageId: "m-1", Body: []byte(`{}`)}))
+	name := "billing@" + table
+	url, logs, stop, done := startConsole(t, nil, "--addr", "127.0.0.1:0", "--table", table, "--inbox", name,
+		"--dead-letter-queue", name+"="+dlq, "--amqp-url", amqptest.URL())
+	defer stop()
+	want := "Dead-letter queue <code>" + dlq + "</code>: <b>1</b> message waiting"
+	var body string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !strings.Contains(body, want); time.Sleep(50 * time.Millisecond) {
+		_, body = get(t, url+"inbox?inbox="+name)
+	}
+	require.Contains(t, body, want, "the page counts the message in the queue")
+	stop()
+	require.Equal(t, 0, <-done, logs.String())
 }
 
 // startConsole runs outbox console with args until cancel; it returns
