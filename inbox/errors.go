@@ -14,7 +14,6 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/dberr"
-	"github.com/acemq/outbox/internal/pgerr"
 )
 
 var (
@@ -129,27 +128,16 @@ func infrastructure(err error) bool {
 	if err == nil {
 		return false
 	}
-	if dberr.Database(err) == "MySQL" {
+	if dberr.Database(err) != "" { // the server's answer says what it is
 		switch dberr.Classify(err) {
-		case dberr.Credentials, dberr.NoDatabase, dberr.NoPrivilege, dberr.NoTable, dberr.NoColumn,
-			dberr.LockNotAvailable, dberr.Deadlock, dberr.Serialization, dberr.ReadOnly, dberr.Terminated:
+		case dberr.Unavailable, dberr.Terminated, // the server, or the connection to it
+			dberr.Serialization, dberr.Deadlock, // retried at once first
+			dberr.ReadOnly,                                                                                        // a failover in progress
+			dberr.LockNotAvailable,                                                                                // lock_timeout, innodb_lock_wait_timeout
+			dberr.Pooler,                                                                                          // a pooler in the way of pgx's statement cache
+			dberr.NoTable, dberr.NoColumn, dberr.NoPrivilege, dberr.NoSchema, dberr.NoDatabase, dberr.Credentials: // someone has to fix it, not the message
 			return true
 		}
-		return mysqlServerFault(err)
-	}
-	switch s := pgerr.State(err); {
-	case s == "":
-	case strings.HasPrefix(s, "08"), // connection exception
-		strings.HasPrefix(s, "53"),  // insufficient resources (too many connections, disk full)
-		strings.HasPrefix(s, "57P"), // admin or crash shutdown, cannot connect now
-		strings.HasPrefix(s, "58"),  // system error
-		s == "40001", s == "40P01",  // serialization failure, deadlock: retried at once first
-		s == "25006",               // read-only transaction: a failover in progress
-		s == "55P03",               // lock not available (lock_timeout)
-		s == "42P05", s == "26000", // a pooler in the way of pgx's statement cache
-		s == "42P01", s == "42703", s == "42501", s == "3F000", s == "3D000", s == "28P01", s == "28000": // the inbox table, a privilege, the database: someone has to fix it, not the message
-		return true
-	default:
 		return false
 	}
 	var ne net.Error
@@ -164,63 +152,27 @@ func infrastructure(err error) bool {
 
 // messageFault reports an error of the claim that only the message id can
 // cause (a data exception, a value over a limit): redelivering cannot help.
-func messageFault(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return strings.HasPrefix(string(me.SQLState[:]), "22") // data exception: too long, an invalid string
-	}
-	s := pgerr.State(err)
-	return strings.HasPrefix(s, "22") || strings.HasPrefix(s, "54")
-}
-
-// mysqlServerFault reports a MySQL error of the server's resources (too
-// many connections, out of memory or disk), not of the message.
-func mysqlServerFault(err error) bool {
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) {
-		return false
-	}
-	switch me.Number {
-	case 1040, 1041, 1021, 1037, 1038, 1114, 1203: // connections, memory, disk, table full, user connections
-		return true
-	}
-	return strings.HasPrefix(string(me.SQLState[:]), "08")
-}
+func messageFault(err error) bool { return dberr.Classify(err) == dberr.BadData }
 
 // advice returns what an operator should do about an infrastructure
 // failure that waiting will not cure, or "".
 func advice(err error) string {
-	if dberr.Database(err) == "MySQL" {
-		switch dberr.Classify(err) {
-		case dberr.NoTable:
-			return "the inbox table does not exist: create it with `outbox inbox schema --apply` or your migrations"
-		case dberr.NoColumn:
-			return "the inbox table lacks a column: it was not created by this version's schema"
-		case dberr.NoPrivilege:
-			return "the database user lacks a privilege on the inbox table: GRANT SELECT, INSERT, UPDATE, DELETE on it"
-		case dberr.NoDatabase:
-			return "the database does not exist: check the database URL"
-		case dberr.Credentials:
-			return "MySQL refused the credentials: check the database URL's user and password"
-		case dberr.ReadOnly:
-			return "the server is read-only (a replica, or a primary after a failover): point the consumer at the writable one"
-		}
-		return ""
-	}
-	switch pgerr.State(err) {
-	case "42P01":
+	switch dberr.Classify(err) {
+	case dberr.NoTable:
 		return "the inbox table does not exist: create it with `outbox inbox schema --apply` or your migrations"
-	case "42703":
+	case dberr.NoColumn:
 		return "the inbox table lacks a column: it was not created by this version's schema"
-	case "42501":
+	case dberr.NoPrivilege:
 		return "the database user lacks a privilege on the inbox table: GRANT SELECT, INSERT, UPDATE, DELETE on it"
-	case "3D000":
+	case dberr.NoDatabase:
 		return "the database does not exist: check the database URL"
-	case "3F000":
+	case dberr.NoSchema:
 		return "the schema does not exist: create it or fix the table name"
-	case "28P01", "28000":
-		return "PostgreSQL refused the credentials: check the database URL's user and password"
-	case "42P05", "26000":
+	case dberr.Credentials:
+		return dberr.Database(err) + " refused the credentials: check the database URL's user and password"
+	case dberr.ReadOnly:
+		return "the server is read-only (a replica, or a primary after a failover): point the consumer at the writable one"
+	case dberr.Pooler:
 		return outbox.PoolerHint
 	}
 	return ""

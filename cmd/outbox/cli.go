@@ -17,7 +17,6 @@ import (
 
 	"github.com/acemq/outbox"
 	"github.com/acemq/outbox/internal/dberr"
-	"github.com/acemq/outbox/internal/pgerr"
 	"github.com/acemq/outbox/internal/redact"
 )
 
@@ -367,25 +366,16 @@ func (c *common) onMySQL() bool {
 // explain turns a missing table or column into advice. The state is the
 // server's, or the store's own (a table Store.Layout found missing).
 func (c *common) explain(err error) error {
-	if dberr.Database(err) == "MySQL" {
-		switch dberr.Classify(err) {
-		case dberr.NoTable:
-			return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations", c.table, c.table)
-		case dberr.NoColumn:
-			return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`", c.table, err, c.table)
-		}
-		return err
-	}
-	switch pgerr.State(err) {
-	case "42P01":
+	switch dberr.Classify(err) {
+	case dberr.NoTable:
 		return fmt.Errorf("table %q does not exist in this database: create it with `outbox schema --apply --table %s` or your migrations (migrations/ in the module)", c.table, c.table)
-	case "42703":
+	case dberr.NoColumn:
 		msg := err.Error()
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
 			msg = pgErr.Message
 		}
 		return fmt.Errorf("table %q exists but is not an outbox table of this version (%s): compare it with `outbox schema --table %s`, and apply the module's migrations/ if it is an older outbox", c.table, msg, c.table)
-	case "42P05", "26000":
+	case dberr.Pooler:
 		return fmt.Errorf("%w (%s)", err, outbox.PoolerHint)
 	}
 	return err

@@ -7,6 +7,7 @@ package dberr
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -32,6 +33,8 @@ const (
 	Serialization         // a serialization failure: the transaction may be tried again
 	ReadOnly              // the server accepts no writes (a standby, a replica, a read-only node after a failover)
 	Terminated            // an administrator or a shutdown ended the session
+	Unavailable           // the server cannot serve now: a connection lost or refused, too many connections, out of memory or disk, a system error
+	BadData               // the server refuses a value (too long, not valid in its type): the same value fails again
 )
 
 // Database says which server an error came from: "PostgreSQL", "MySQL"
@@ -61,10 +64,38 @@ func Classify(err error) Kind {
 		return Other
 	}
 	if s := pgerr.State(err); s != "" {
-		return postgres[s]
+		if k, ok := postgres[s]; ok {
+			return k
+		}
+		return postgresClass(s)
 	}
-	if n := number(err); n != 0 {
-		return mysqlNumbers[n]
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		if k, ok := mysqlNumbers[me.Number]; ok {
+			return k
+		}
+		switch string(me.SQLState[:2]) {
+		case "08":
+			return Unavailable
+		case "22":
+			return BadData
+		}
+	}
+	return Other
+}
+
+// postgresClass is the kind of a SQLSTATE by its class (its first two
+// characters), for the states postgres does not name.
+func postgresClass(s string) Kind {
+	switch {
+	case strings.HasPrefix(s, "08"), // connection exception
+		strings.HasPrefix(s, "53"),  // insufficient resources: too many connections, disk full, out of memory
+		strings.HasPrefix(s, "57P"), // cannot connect now, database dropped
+		strings.HasPrefix(s, "58"):  // system error
+		return Unavailable
+	case strings.HasPrefix(s, "22"), // data exception
+		strings.HasPrefix(s, "54"): // program limit exceeded: a value too large
+		return BadData
 	}
 	return Other
 }
@@ -104,4 +135,11 @@ var mysqlNumbers = map[uint16]Kind{
 	1836: ReadOnly,         // MariaDB's ER_READ_ONLY_MODE
 	1053: Terminated,       // ER_SERVER_SHUTDOWN
 	1927: Terminated,       // MariaDB's ER_CONNECTION_KILLED
+	1040: Unavailable,      // ER_CON_COUNT_ERROR: too many connections
+	1203: Unavailable,      // ER_TOO_MANY_USER_CONNECTIONS
+	1041: Unavailable,      // ER_OUT_OF_RESOURCES
+	1037: Unavailable,      // ER_OUTOFMEMORY
+	1038: Unavailable,      // ER_OUT_OF_SORTMEMORY
+	1021: Unavailable,      // ER_DISK_FULL
+	1114: Unavailable,      // ER_RECORD_FILE_FULL: the table is full
 }
