@@ -149,6 +149,46 @@ func (s *Store) inspect(ctx context.Context, what string, limit int) (*sql.DB, l
 	return s.dbOps(ctx)
 }
 
+// HeldQuery selects held messages for FindHeld. Its empty fields match
+// every message.
+type HeldQuery struct {
+	// Limit is the most messages returned (1 to InspectMax).
+	Limit int
+	// EventType and Key, when set, match exactly.
+	EventType, Key string
+	// CreatedBefore, when set, keeps the messages written no later.
+	CreatedBefore time.Time
+	// After, when set, is the last message of the previous page (as
+	// FindHeld returned it): the page starts after it.
+	After *Message
+}
+
+// FindHeld returns the held messages q selects (on an ordered table, those
+// set aside behind a failed message of their key: they come back when it
+// is published, retried or discarded), in the order they were written, a
+// page at a time: pass the last message of a page as the next query's
+// After. On the log layout it lists those a claim has set aside; messages
+// of a blocked key no claim has reached yet are not listed (see
+// KeyQueue).
+func (s *Store) FindHeld(ctx context.Context, q HeldQuery) ([]Message, error) {
+	db, ops, err := s.inspect(ctx, "FindHeld", q.Limit)
+	if err != nil {
+		return nil, err
+	}
+	bq := backend.HeldQuery{Limit: q.Limit, EventType: q.EventType, Key: q.Key}
+	if !q.CreatedBefore.IsZero() {
+		bq.CreatedBefore = q.CreatedBefore.UnixMicro()
+	}
+	if q.After != nil {
+		bq.AfterSeq = q.After.Seq
+	}
+	msgs, err := ops.held(ctx, db, bq)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing the held messages of %s: %w", s.t.full, err)
+	}
+	return msgs, nil
+}
+
 // queueOps' inspections are the backend's.
 
 func (o queueOps) leases(ctx context.Context, db *sql.DB, limit int) ([]backend.Lease, error) {
@@ -226,4 +266,12 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+func (o queueOps) held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]Message, error) {
+	rows, err := o.q.Held(ctx, db, q)
+	if err != nil {
+		return nil, err
+	}
+	return fromRows(rows), nil
 }

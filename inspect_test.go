@@ -64,6 +64,22 @@ func TestConformInspections(t *testing.T) {
 			require.Equal(t, outbox.StateInFlight, bq[0].State)
 		}
 
+		held, err := s.FindHeld(ctx, outbox.HeldQuery{Limit: 10})
+		require.NoError(t, err)
+		require.Equal(t, []string{queue[1].ID, queue[2].ID}, ids(held), "the two behind the parked head, in order")
+		first, err := s.FindHeld(ctx, outbox.HeldQuery{Limit: 1, Key: "a"})
+		require.NoError(t, err)
+		require.Equal(t, []string{queue[1].ID}, ids(first))
+		next, err := s.FindHeld(ctx, outbox.HeldQuery{Limit: 10, Key: "a", After: &first[0]})
+		require.NoError(t, err)
+		require.Equal(t, []string{queue[2].ID}, ids(next), "the next page")
+		none, err := s.FindHeld(ctx, outbox.HeldQuery{Limit: 10, Key: "b"})
+		require.NoError(t, err)
+		require.Empty(t, none)
+		none, err = s.FindHeld(ctx, outbox.HeldQuery{Limit: 10, CreatedBefore: time.Now().Add(-time.Hour)})
+		require.NoError(t, err)
+		require.Empty(t, none, "none written an hour ago")
+
 		before, err := s.PublishedByMinute(ctx, 60)
 		require.NoError(t, err)
 		require.Len(t, before, 60)

@@ -34,7 +34,7 @@ type logStore struct {
 	horizonSQL, purgeFailedSQL                                             string
 	rotationSQL                                                            string
 	// log_inspect.go
-	leasesSQL, blockedKeysSQL, keyQueueSQL, publishedByMinuteSQL string
+	leasesSQL, blockedKeysSQL, keyQueueSQL, publishedByMinuteSQL, heldSQL string
 
 	mu  sync.Mutex
 	low int64 // no batch below it is unfinished, as far as this store has seen

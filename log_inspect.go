@@ -39,6 +39,12 @@ ORDER BY min(parked_at) LIMIT $1`)
 	ELSE 'ready' END
 FROM {failed} AS o WHERE o.event_key = $1 AND o.published_at IS NULL AND o.discarded_at IS NULL
 ORDER BY coalesce(o.ord, 0), o.seq LIMIT $2`)
+	ls.heldSQL = r.Replace(`SELECT id, seq, event_type, event_key, exchange, routing_key, payload, content_type, headers, created_at,
+	attempts, coalesce(last_error, ''), claimed_until, parked_at
+FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL AND ` + logFailedHeld + `
+  AND ($2 = '' OR event_type = $2) AND ($3 = '' OR event_key = $3)
+  AND ($4::bigint = 0 OR created_at <= to_timestamp(0) + $4::bigint * interval '1 microsecond') AND seq > $5
+ORDER BY seq LIMIT $1`)
 	ls.publishedByMinuteSQL = r.Replace(`SELECT floor(extract(epoch FROM now() - at) / 60)::int, sum(cardinality(seqs))::bigint FROM {settle}
 WHERE kind = 'p' AND at > now() - $1::int * interval '1 minute' GROUP BY 1
 UNION ALL
@@ -86,4 +92,12 @@ func (l logOps) publishedByMinute(ctx context.Context, db *sql.DB, minutes int) 
 		return nil, err
 	}
 	return backend.ScanMinutes(rows, minutes)
+}
+
+func (l logOps) held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]Message, error) {
+	rows, err := db.QueryContext(ctx, l.heldSQL, q.Limit, q.EventType, q.Key, q.CreatedBefore, q.AfterSeq)
+	if err != nil {
+		return nil, err
+	}
+	return scanMessages(rows, nil)
 }

@@ -56,6 +56,7 @@ type layoutOps interface {
 	blockedKeys(ctx context.Context, db *sql.DB, limit int) ([]backend.BlockedKey, error)
 	keyQueue(ctx context.Context, db *sql.DB, key string, limit int) ([]QueuedMessage, error)
 	publishedByMinute(ctx context.Context, db *sql.DB, minutes int) ([]int64, error)
+	held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]Message, error)
 }
 
 // ops returns the operations of the table's kind (see storage).

@@ -178,6 +178,7 @@ func Handler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /table", c.table)
 	mux.HandleFunc("GET /key", c.key)
+	mux.HandleFunc("GET /held", c.held)
 	mux.HandleFunc("GET /parked", c.parked)
 	mux.HandleFunc("GET /delayed", c.delayed)
 	mux.HandleFunc("GET /inbox", c.inboxDead)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/acemq/outbox"
@@ -137,4 +138,48 @@ func (c *console) key(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, "key.html", map[string]any{"Table": s.Table(), "Key": key, "Queue": q, "More": more, "Max": ListMax,
 		"Log": l == outbox.LayoutLog})
+}
+
+// held lists the held messages: on an ordered table, those set aside
+// behind a failed message of their key. They have no action of their own:
+// they come back when the message before them is published, retried or
+// discarded.
+func (c *console) held(w http.ResponseWriter, r *http.Request) {
+	f := readFilter(r.URL.Query())
+	s := c.store(w, r, f.Table)
+	if s == nil {
+		return
+	}
+	f.Table, f.Error = s.Table(), ""
+	q := outbox.HeldQuery{Limit: PageSize + 1, EventType: f.Type, Key: f.Key}
+	if f.Older != "" {
+		d, err := readAge(f.Older)
+		if err != nil {
+			c.fail(w, r, http.StatusBadRequest, err.Error())
+			return
+		}
+		q.CreatedBefore = time.Now().Add(-d)
+	}
+	if f.After != "" {
+		seq, err := strconv.ParseInt(f.After, 10, 64)
+		if err != nil || seq <= 0 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("the page's cursor %q is not one this console made", f.After))
+			return
+		}
+		q.After = &outbox.Message{Seq: seq}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
+	defer cancel()
+	msgs, err := s.FindHeld(ctx, q)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	msgs, next := f.page(msgs, "held", func(m outbox.Message) string { return strconv.FormatInt(m.Seq, 10) })
+	l, err := s.Layout(ctx)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	c.render(w, r, "held.html", map[string]any{"Filter": f, "Messages": msgs, "Next": next, "Log": l == outbox.LayoutLog})
 }

@@ -88,6 +88,16 @@ func TestConsoleShowsClaimsBlockedKeysAndAKeysQueue(t *testing.T) {
 			require.Contains(t, body, `data-id="`+head[0].ID+`"`)
 			require.Less(t, strings.Index(body, "order.paid"), strings.Index(body, "order.shipped"), "in their order")
 
+			// The held list: the two behind the parked head, filtered by key and age.
+			held := srv.URL + "/held?table=" + url.QueryEscape(s.Table())
+			code, body = get(t, c, held)
+			require.Equal(t, http.StatusOK, code, body)
+			require.Equal(t, 2, strings.Count(body, `class="heldmsg"`))
+			_, body = get(t, c, held+"&key=o-2")
+			require.Zero(t, strings.Count(body, `class="heldmsg"`))
+			_, body = get(t, c, held+"&key="+url.QueryEscape("o-<1>")+"&older=1h")
+			require.Zero(t, strings.Count(body, `class="heldmsg"`), "none written an hour ago")
+
 			code, _ = get(t, c, srv.URL+"/key?table="+url.QueryEscape(s.Table()))
 			require.Equal(t, http.StatusBadRequest, code, "no key")
 			code, _ = get(t, c, srv.URL+"/table?table=nope")
@@ -129,6 +139,11 @@ func TestConsolePagesDelayedAndPublishesThemByFilter(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, 10, strings.Count(body, `class="delayed"`), "the rest")
 	require.NotContains(t, body, `id="next"`)
+
+	_, body = get(t, c, srv.URL+"/delayed?table="+table+"&due_in=2h")
+	require.Zero(t, strings.Count(body, `class="delayed"`), "none is due two hours from now or later")
+	_, body = get(t, c, srv.URL+"/delayed?table="+table+"&due_in=30m")
+	require.Equal(t, console.PageSize, strings.Count(body, `class="delayed"`), "all are due later than half an hour from now")
 
 	code, body = get(t, c, srv.URL+"/delayed?table="+table+"&key=k2")
 	require.Equal(t, http.StatusOK, code)

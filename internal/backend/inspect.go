@@ -27,6 +27,17 @@ type BlockedKey struct {
 	Since  time.Time // when the first of its parked messages was parked
 }
 
+// HeldQuery selects held messages: at most Limit, those whose type and key
+// are EventType and Key (each "" for any), written no later than
+// CreatedBefore (microseconds since the epoch; 0 for any), after seq
+// AfterSeq.
+type HeldQuery struct {
+	Limit          int
+	EventType, Key string
+	CreatedBefore  int64
+	AfterSeq       int64
+}
+
 // The states of a pending message, as KeyQueue reads them (Row.State).
 const (
 	StateReady    = "ready"
@@ -53,6 +64,10 @@ type Inspector interface {
 	// whose events table has no index by key: there it lists those that
 	// failed or wait behind one that did.
 	KeyQueue(ctx context.Context, db *sql.DB, key string, limit int) ([]Row, error)
+	// Held lists up to q.Limit held messages that match q (set aside
+	// behind a failed message of their key, on an ordered table), in the
+	// order of seq.
+	Held(ctx context.Context, db *sql.DB, q HeldQuery) ([]Row, error)
 	// PublishedByMinute counts the messages published in each of the
 	// last minutes minutes, by the database's clock: [0] is the current
 	// minute (the last 60 seconds), [1] the one before.

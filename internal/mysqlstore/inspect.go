@@ -9,7 +9,7 @@ import (
 
 // inspectQueries are the statements of backend.Inspector.
 type inspectQueries struct {
-	leases, blockedKeys, keyQueue, publishedByMinute string
+	leases, blockedKeys, keyQueue, publishedByMinute, held string
 }
 
 func newInspectQueries(table string) inspectQueries {
@@ -35,6 +35,11 @@ GROUP BY p.event_key ORDER BY min(p.parked_at) LIMIT ?`),
 	ELSE 'ready' END
 FROM {table} FORCE INDEX (key_idx) WHERE event_key = ? AND published_at IS NULL AND event_key <> ''
 ORDER BY ord, seq LIMIT ?`),
+		// The held entries of state_idx, in the order of seq.
+		held: r(`SELECT {columns} FROM {table} FORCE INDEX (state_idx)
+WHERE {held} AND (? = '' OR event_type = ?) AND (? = '' OR event_key = ?)
+  AND (? = 0 OR created_at <= TIMESTAMP '1970-01-01 00:00:00' + INTERVAL ? MICROSECOND) AND seq > ?
+ORDER BY seq LIMIT ?`),
 		// The published entries of state_idx, from a minute boundary.
 		publishedByMinute: r(`SELECT FLOOR(TIMESTAMPDIFF(SECOND, published_at, {now}) / 60), count(*) FROM {table} FORCE INDEX (state_idx)
 WHERE published_at > {now} - INTERVAL ? MINUTE AND discarded_at IS NULL
@@ -102,4 +107,13 @@ func (s *Store) PublishedByMinute(ctx context.Context, db *sql.DB, minutes int) 
 		return nil, err
 	}
 	return backend.ScanMinutes(rows, minutes)
+}
+
+// Held implements backend.Inspector.
+func (s *Store) Held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]backend.Row, error) {
+	rows, err := db.QueryContext(ctx, s.ins.held, q.EventType, q.EventType, q.Key, q.Key, q.CreatedBefore, q.CreatedBefore, q.AfterSeq, q.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows)
 }

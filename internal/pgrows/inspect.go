@@ -10,7 +10,7 @@ import (
 
 // inspectQueries are the statements of backend.Inspector.
 type inspectQueries struct {
-	leases, blockedKeys, keyQueue, publishedByMinute string
+	leases, blockedKeys, keyQueue, publishedByMinute, held string
 }
 
 func newInspectQueries(t Table) inspectQueries {
@@ -35,6 +35,12 @@ GROUP BY p.event_key ORDER BY min(p.parked_at) LIMIT $1`),
 	ELSE 'ready' END
 FROM {table} AS o WHERE o.event_key = $1 AND o.published_at IS NULL AND o.event_key <> ''
 ORDER BY o.seq LIMIT $2`),
+		// The held index; the held messages of a blocked table are few.
+		held: r.Replace(`SELECT {columns} FROM {table} AS o
+WHERE o.held AND o.published_at IS NULL AND o.parked_at IS NULL
+  AND ($2 = '' OR o.event_type = $2) AND ($3 = '' OR o.event_key = $3)
+  AND ($4::bigint = 0 OR o.created_at <= to_timestamp(0) + $4::bigint * interval '1 microsecond') AND o.seq > $5
+ORDER BY o.seq LIMIT $1`),
 		// The published index, from a minute boundary by the database's
 		// clock; discarded messages are not published.
 		publishedByMinute: r.Replace(`SELECT floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM {table}
@@ -77,4 +83,13 @@ func (b *Backend) PublishedByMinute(ctx context.Context, db *sql.DB, minutes int
 		return nil, err
 	}
 	return backend.ScanMinutes(rows, minutes)
+}
+
+// Held implements backend.Inspector.
+func (b *Backend) Held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]backend.Row, error) {
+	rows, err := db.QueryContext(ctx, b.ins.held, q.Limit, q.EventType, q.Key, q.CreatedBefore, q.AfterSeq)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, nil)
 }

@@ -76,7 +76,7 @@ func (b *Backend) Texts(ordered bool) map[string]string {
 		"releaseClaim": q.releaseClaim, "pending": q.pending, "stats": q.stats, "parked": q.parked, "retry": q.retry,
 		"retryAll": q.retryAll, "purge": q.purge, "purgeable": q.purgeable, "gauges": q.gauges, "discard": q.discard,
 		"hold": q.hold, "unhold": q.unhold, "leases": b.ins.leases, "blockedKeys": b.ins.blockedKeys, "keyQueue": b.ins.keyQueue,
-		"publishedByMinute": b.ins.publishedByMinute}
+		"publishedByMinute": b.ins.publishedByMinute, "held": b.ins.held}
 }
 
 // Claim implements backend.Queue: one statement, the rows returned in the
