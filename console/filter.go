@@ -11,13 +11,41 @@ import (
 	"github.com/acemq/outbox"
 )
 
-// filter is what a list of parked messages shows, read from a request's
-// query (or form).
+// filter is what a list of messages shows, read from a request's query
+// (or form): the parked, held and delayed lists each keep the fields they
+// take (of).
 type filter struct {
 	Table, Type, Key, Error string
 	Older                   string // parked (held: written) at least this long ago (a Go duration, or days: "2d")
 	DueIn                   string // delayed lists: due at least this long from now
-	After                   string // "<parked_at µs>.<seq>" of the last message of the previous page
+	After                   string // the cursor of the last message of the previous page (see cutCursor)
+}
+
+// of is the filter with only the fields list takes: parked messages are
+// chosen by type, key, error text and age, held ones by type, key and
+// age, delayed ones by type, key and due time.
+func (f filter) of(list string) filter {
+	switch list {
+	case "held":
+		f.Error, f.DueIn = "", ""
+	case "delayed":
+		f.Error, f.Older = "", ""
+	default: // parked
+		f.DueIn = ""
+	}
+	return f
+}
+
+// cutCursor reads a list's cursor, "<µs since the epoch>.<rest>", as the
+// console writes it: a time and what tells apart the messages of that
+// time (a seq, an id).
+func cutCursor(c string) (time.Time, string, error) {
+	at, rest, ok := strings.Cut(c, ".")
+	us, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || us <= 0 || rest == "" {
+		return time.Time{}, "", fmt.Errorf("the page's cursor %q is not one this console made", c)
+	}
+	return time.UnixMicro(us), rest, nil
 }
 
 func readFilter(v url.Values) filter {
@@ -44,13 +72,15 @@ func readAge(s string) (time.Duration, error) {
 func (f filter) query(limit int) (outbox.ParkedQuery, error) {
 	q := outbox.ParkedQuery{Limit: limit, EventType: f.Type, Key: f.Key, ErrorText: f.Error}
 	if f.After != "" {
-		at, seq, ok := strings.Cut(f.After, ".")
-		us, err1 := strconv.ParseInt(at, 10, 64)
-		n, err2 := strconv.ParseInt(seq, 10, 64)
-		if !ok || err1 != nil || err2 != nil || us <= 0 {
+		at, rest, err := cutCursor(f.After)
+		if err != nil {
+			return q, err
+		}
+		seq, err := strconv.ParseInt(rest, 10, 64)
+		if err != nil {
 			return q, fmt.Errorf("the page's cursor %q is not one this console made", f.After)
 		}
-		q.After = &outbox.Message{ParkedAt: time.UnixMicro(us), Seq: n}
+		q.After = &outbox.Message{ParkedAt: at, Seq: seq}
 	} else if f.Older != "" {
 		// The list runs from the latest parked back: those parked at
 		// least Older ago are the list from that time on.
@@ -92,12 +122,11 @@ func (f filter) page(msgs []outbox.Message, list string, cursor func(outbox.Mess
 func (f filter) scheduledQuery(limit int) (outbox.ScheduledQuery, error) {
 	q := outbox.ScheduledQuery{Limit: limit, EventType: f.Type, Key: f.Key}
 	if f.After != "" {
-		at, id, ok := strings.Cut(f.After, ".")
-		us, err := strconv.ParseInt(at, 10, 64)
-		if !ok || err != nil || us <= 0 || id == "" {
-			return q, fmt.Errorf("the page's cursor %q is not one this console made", f.After)
+		at, id, err := cutCursor(f.After)
+		if err != nil {
+			return q, err
 		}
-		q.After = &outbox.Message{NotBefore: time.UnixMicro(us), ID: id}
+		q.After = &outbox.Message{NotBefore: at, ID: id}
 	} else if f.DueIn != "" {
 		// The list runs from the soonest due on: those due at least DueIn
 		// from now are the list from that time on.

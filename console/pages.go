@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -65,13 +64,12 @@ func (c *console) inboxDead(w http.ResponseWriter, r *http.Request) {
 	}
 	q := inbox.DeadQuery{Limit: PageSize + 1}
 	if after := r.URL.Query().Get("after"); after != "" {
-		at, id, ok := strings.Cut(after, ".")
-		us, err := strconv.ParseInt(at, 10, 64)
-		if !ok || err != nil || us <= 0 || id == "" {
-			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("the page's cursor %q is not one this console made", after))
+		at, id, err := cutCursor(after)
+		if err != nil {
+			c.fail(w, r, http.StatusBadRequest, err.Error())
 			return
 		}
-		q.After = &inbox.DeadRecord{DeadAt: time.UnixMicro(us), MessageID: id}
+		q.After = &inbox.DeadRecord{DeadAt: at, MessageID: id}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.RequestTimeout)
 	defer cancel()
@@ -102,7 +100,7 @@ func (c *console) store(w http.ResponseWriter, r *http.Request, name string) *ou
 }
 
 func (c *console) parked(w http.ResponseWriter, r *http.Request) {
-	f := readFilter(r.URL.Query())
+	f := readFilter(r.URL.Query()).of("parked")
 	s := c.store(w, r, f.Table)
 	if s == nil {
 		return
@@ -133,7 +131,8 @@ func (c *console) delayed(w http.ResponseWriter, r *http.Request) {
 	if s == nil {
 		return
 	}
-	f.Table, f.Error, f.Older = s.Table(), "", ""
+	f = f.of("delayed")
+	f.Table = s.Table()
 	q, err := f.scheduledQuery(PageSize + 1)
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
@@ -176,7 +175,9 @@ func readAction(v url.Values) (action, error) {
 		a.IDs = nil
 	}
 	if a.Name == "publish-now" {
-		a.Filter.Error, a.Filter.Older = "", "" // delayed messages are chosen by type, key and due time
+		a.Filter = a.Filter.of("delayed")
+	} else {
+		a.Filter = a.Filter.of("parked")
 	}
 	if len(a.IDs) > BulkMax {
 		return a, fmt.Errorf("%d messages chosen: at most %d at once", len(a.IDs), BulkMax)

@@ -150,7 +150,8 @@ func (c *console) held(w http.ResponseWriter, r *http.Request) {
 	if s == nil {
 		return
 	}
-	f.Table, f.Error = s.Table(), ""
+	f = f.of("held")
+	f.Table = s.Table()
 	q := outbox.HeldQuery{Limit: PageSize + 1, EventType: f.Type, Key: f.Key}
 	if f.Older != "" {
 		d, err := readAge(f.Older)

@@ -70,9 +70,10 @@ func TestConsoleCommandShowsADeadLetterQueue(t *testing.T) {
 	defer stop()
 	want := "Dead-letter queue <code>" + dlq + "</code>: <b>1</b> message waiting"
 	var body string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !strings.Contains(body, want); time.Sleep(50 * time.Millisecond) {
+	_ = dbtest.Await(context.Background(), 10*time.Second, func() bool {
 		_, body = get(t, url+"inbox?inbox="+name)
-	}
+		return strings.Contains(body, want)
+	})
 	require.Contains(t, body, want, "the page counts the message in the queue")
 	stop()
 	require.Equal(t, 0, <-done, logs.String())
