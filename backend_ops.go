@@ -25,11 +25,6 @@ func (b backendOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, erro
 	if err != nil {
 		return tableOrder{}, fmt.Errorf("outbox: reading the order of %s: %w", b.t.full, err)
 	}
-	if ordered {
-		b.tm.set(OrderedByKey)
-	} else {
-		b.tm.set(Unordered)
-	}
 	return tableOrder{ordered: ordered, hasSeq: true, cache: sql.NullInt64{Int64: 1, Valid: true}}, nil
 }
 
@@ -41,7 +36,7 @@ func (b backendOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, erro
 // writing keys A and B in opposite orders can deadlock, and MySQL aborts
 // one, error 1213.)
 func (b backendOps) takeTurns(ctx context.Context, tx Execer, evts []Event) error {
-	if b.ordering != OrderedByKey && (len(evts) < 2 || b.Ordering() != OrderedByKey) {
+	if b.order.configured != OrderedByKey && (len(evts) < 2 || b.Ordering() != OrderedByKey) {
 		return nil
 	}
 	var keys []string
@@ -52,7 +47,7 @@ func (b backendOps) takeTurns(ctx context.Context, tx Execer, evts []Event) erro
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	if len(keys) == 0 || (len(keys) < 2 && b.ordering != OrderedByKey) {
+	if len(keys) == 0 || (len(keys) < 2 && b.order.configured != OrderedByKey) {
 		return nil
 	}
 	bind := make([]any, len(keys))
@@ -76,6 +71,7 @@ func (b backendOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering
 	if err != nil {
 		return OrderingConversion{}, err
 	}
+	b.order.observe(from)
 	c := OrderingConversion{From: from, To: to}
 	if from != to {
 		stmts := b.be.UnorderStatements()
@@ -97,7 +93,7 @@ func (b backendOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering
 		return c, fmt.Errorf("outbox: converting %s to %s: %w", b.t.full, to, err)
 	}
 	c.Took = time.Since(start)
-	b.tm.set(to)
+	b.order.observe(to)
 	return c, nil
 }
 
@@ -107,13 +103,13 @@ func (b backendOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
 			return fmt.Errorf("outbox: creating schema of %s: %w", b.t.full, err)
 		}
 	}
-	if b.ordering != OrderedByKey {
+	if b.order.configured != OrderedByKey {
 		return nil
 	}
 	if err := b.be.SetOrdered(ctx, db, true); err != nil {
 		return fmt.Errorf("outbox: making %s an ordered table: %w", b.t.full, err)
 	}
-	b.tm.set(OrderedByKey)
+	b.order.observe(OrderedByKey)
 	return nil
 }
 

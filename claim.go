@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/acemq/outbox/internal/backend"
 )
 
 func (s *Store) pool() (*sql.DB, error) {
@@ -130,9 +132,14 @@ func (m *Message) decodeHeaders(raw []byte) {
 
 // unfitReason is the last error of a message parked because its row
 // cannot be relayed as written.
-func unfitReason(m Message) string {
-	return "outbox: parked when claimed: the row cannot be relayed as written (" + m.unfit +
-		"): correct it by SQL and retry it, or discard it"
+func unfitReason(m Message) string { return backend.UnfitReason(m.unfit) }
+
+// headersUnfit says why headers as stored cannot be relayed, "" when they
+// can (see decodeHeaders): package pglog's claims ask it.
+func headersUnfit(id string, raw []byte) string {
+	m := Message{ID: id}
+	m.decodeHeaders(raw)
+	return m.unfit
 }
 
 // parkEach parks with park, one at a time, the messages of a claim that

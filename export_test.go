@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"encoding/binary"
 	"time"
 
@@ -49,32 +48,20 @@ func LogSchemaSized(name string, chunk, parts, batchChunk int64) (string, error)
 // SetLogLow sets the low-water mark of s's log table, below which s takes
 // every batch to be finished, as a store that saw batches up to low before
 // the table was emptied has it.
-func SetLogLow(s *Store, low int64) {
-	s.log.mu.Lock()
-	s.log.low = low
-	s.log.mu.Unlock()
-}
+func SetLogLow(s *Store, low int64) { s.log.SetLow(low) }
 
 // SetLogClock makes the log store of s (its table must have LayoutLog and
 // have been read) tell the time from now.
-func SetLogClock(s *Store, now func() time.Time) {
-	s.log.mu.Lock()
-	s.log.now = now
-	s.log.mu.Unlock()
-}
+func SetLogClock(s *Store, now func() time.Time) { s.log.SetClock(now) }
 
 // LogLookEvery returns how often the log store of s looks for batches to
 // take over and for failed messages due again.
-func LogLookEvery(s *Store) time.Duration {
-	s.log.mu.Lock()
-	defer s.log.mu.Unlock()
-	return s.log.lookEvery
-}
+func LogLookEvery(s *Store) time.Duration { return s.log.LookEvery() }
 
 // LogClaimSQL and LogSettleSQL return the statements with which the log
 // store of s claims a batch and settles messages of one.
-func LogClaimSQL(s *Store) string  { return s.log.claimSQL }
-func LogSettleSQL(s *Store) string { return s.log.settleSQL }
+func LogClaimSQL(s *Store) string  { return s.log.Texts()["claim"] }
+func LogSettleSQL(s *Store) string { return s.log.Texts()["settle"] }
 
 // RowsSettleSQL returns the statements with which s claims, marks
 // published, releases and marks failed messages of a table of the rows
@@ -86,13 +73,7 @@ func RowsSettleSQL(s *Store) (claim, markPublished, release, markFailed string) 
 
 // RotateLog rotates the batch and settle tables of the log store of s now,
 // as Maintain does every second.
-func RotateLog(ctx context.Context, s *Store) error {
-	var latest sql.NullInt64
-	if err := s.db.QueryRowContext(ctx, `SELECT max(batch_id) FROM `+s.log.l.batch).Scan(&latest); err != nil || !latest.Valid {
-		return err
-	}
-	return s.log.rotateBatches(ctx, s.db, latest.Int64)
-}
+func RotateLog(ctx context.Context, s *Store) error { return s.log.RotateBatches(ctx, s.db) }
 
 // SetDueLook sets how long after a look s's MoveDue looks at the
 // scheduled table again before the next due time it knows of (a second),
@@ -105,15 +86,7 @@ const ReadOrderSQL = readOrderSQL
 
 // SetLogServer makes the log store of s take its low-water mark to have
 // been learnt from server, as a store that has failed over to another.
-func SetLogServer(s *Store, server string) {
-	s.log.mu.Lock()
-	s.log.server = server
-	s.log.mu.Unlock()
-}
+func SetLogServer(s *Store, server string) { s.log.SetServer(server) }
 
 // LogLow returns the low-water mark of s's log table.
-func LogLow(s *Store) int64 {
-	s.log.mu.Lock()
-	defer s.log.mu.Unlock()
-	return s.log.low
-}
+func LogLow(s *Store) int64 { return s.log.Low() }

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/acemq/outbox/internal/pgerr"
+	"github.com/acemq/outbox/internal/pglog"
+	"github.com/acemq/outbox/internal/pgsql"
 )
 
 // Layout is how an outbox table keeps its messages. It is a property of the
@@ -52,7 +54,7 @@ const (
 	logChunkDefault      = 1_000_000
 	logPartsDefault      = 16
 	logBatchChunkDefault = 1024
-	logBatchParts        = 4
+	logBatchParts        = pglog.BatchParts
 	logVersion           = 2
 	// logClaimRevision marks the claim function this version of the
 	// library creates (a comment on it): a table whose function is older
@@ -130,8 +132,8 @@ func (t table) logReplacer(l logTables, more ...string) *strings.Replacer {
 		"{chunk}", fmt.Sprint(l.chunk), "{parts}", fmt.Sprint(l.parts), "{bchunk}", fmt.Sprint(l.batchChunk), "{bparts}", fmt.Sprint(logBatchParts),
 		"{version}", fmt.Sprint(logVersion), "{ordered}", t.orderedNow(),
 		"{claimmark}", lit(logClaimMark + fmt.Sprint(logClaimRevision)), "{claimargs}", logClaimArgs,
-		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(inflightCTE("low", "0")),
-		"{aftercursor}", afterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", asyncCommit,
+		"{inflight}", strings.NewReplacer("{batch}", l.batch, "{settle}", l.settle).Replace(pglog.InflightCTE("low", "0")),
+		"{aftercursor}", pglog.AfterCursor("a_tx", "a_seq", "pg_snapshot_xmax(lo)"), "{asynccommit}", pgsql.AsyncCommit,
 		"{turn}", t.keyTurn("'"+lit(t.full)+"'", "NEW.event_key"),
 		"{idindex}", t.qualified(t.name + "_id_idx"), "{idcheck}", `"` + t.idCheck() + `"`, "{idcheckname}", t.idCheck(), "{idcheckfn}", t.qualified(t.idCheck()),
 		"{tablename}", lit(t.full), "{tablelit}", lit(t.quoted), "{batchlit}", lit(l.batch)}, more...)...)
@@ -642,3 +644,24 @@ func claimRevision(comment string) int {
 
 // lockKey is the advisory lock that serialises the claims of a log table.
 func (l logTables) lockKey() string { return "outbox:claim:" + l.batch }
+
+// logPartition, logBatchPartition and logSettlePartition name the i-th
+// partition of a table of LayoutLog's events, batch and settle tables:
+// what logSQL creates, the layout's check looks for and maintenance
+// truncates.
+func (t table) logPartition(i int64) string { return t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)) }
+func (t table) logBatchPartition(i int64) string {
+	return t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i))
+}
+func (t table) logSettlePartition(i int64) string {
+	return t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i))
+}
+
+// pglog is t's table of the log layout, its objects named by l, as
+// package pglog keeps its queue.
+func (t table) pglog(l logTables) pglog.Table {
+	return pglog.Table{Quoted: t.quoted, Full: t.full, OrderedNow: t.orderedNow(),
+		Batch: l.batch, Settle: l.settle, Failed: l.failed, Seq: l.seq, ClaimFn: l.claimFn, LockKey: l.lockKey(),
+		Chunk: l.chunk, Parts: l.parts, BatchChunk: l.batchChunk,
+		Partition: t.logPartition, BatchPartition: t.logBatchPartition, SettlePartition: t.logSettlePartition}
+}

@@ -54,10 +54,6 @@ type Message struct {
 	// that was not claimed.
 	claim claimRef
 
-	// ord is its place in its key's order on an ordered table of the log
-	// layout (0 elsewhere): kept with it if it fails.
-	ord int64
-
 	// unfit says why the row cannot be relayed as written (headers that
 	// do not decode, a header Add refuses), as a claim found it: the claim
 	// parks it instead of returning it (see Store.Claim).
@@ -68,9 +64,3 @@ type Message struct {
 // it: a mark or release of a message claimed from another layout (the
 // table was converted meanwhile) finds its lease lost.
 type claimRef interface{ claimRef() }
-
-// failedClaim is the claim token written in a log table's failed rows.
-type failedClaim string
-
-func (failedClaim) claimRef() {}
-func (batchRef) claimRef()    {}

@@ -320,16 +320,20 @@ func (r rowsOps) createRowsSchema(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("outbox: creating schema of %s: %w", s.t.full, err)
 	}
 	s.scheduledMayExist()
-	if s.ordering != OrderedByKey {
+	if s.order.configured != OrderedByKey {
 		return nil
 	}
-	if o, err := s.TableOrdering(ctx); err != nil || o == OrderedByKey {
+	switch o, err := s.TableOrdering(ctx); {
+	case err != nil:
 		return err
+	case o == OrderedByKey:
+		s.order.observe(o)
+		return nil
 	}
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, s.t.orderTriggerSQL()); err != nil {
 		return fmt.Errorf("outbox: making %s an ordered table: %w", s.t.full, err)
 	}
-	s.tm.set(OrderedByKey)
+	s.order.observe(OrderedByKey)
 	return nil
 }
 

@@ -84,63 +84,46 @@ func (r rowsOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) 
 // convertOrdering (order_table.go), createRowsSchema (operate.go) and
 // convertToLog (log_convert.go) are beside the Store methods they serve.
 
-// logOps is LayoutLog: an insert-only, partitioned events table, its
-// batches, settles and failed messages beside it (see logStore).
-type logOps struct{ *logStore }
+// logOps is LayoutLog on PostgreSQL: an insert-only, partitioned events
+// table, its batches, settles and failed messages beside it, its queue
+// kept by package pglog. Its errors that say an object is missing are
+// explained by the table's check (logFault).
+type logOps struct {
+	queueOps
+	l logTables // the table's objects, as read from it
+}
 
 func (l logOps) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
-	msgs, err := l.logStore.claim(ctx, db, n, lease)
-	return msgs, l.s.logFault(ctx, err)
+	msgs, err := l.queueOps.claim(ctx, db, n, lease)
+	return msgs, l.logFault(ctx, err)
 }
 
 func (l logOps) settle(ctx context.Context, db *sql.DB, what string, kind byte, msgs []Message) error {
-	return l.s.logFault(ctx, l.logStore.settle(ctx, db, what, kind, msgs))
+	return l.logFault(ctx, l.queueOps.settle(ctx, db, what, kind, msgs))
 }
 
 func (l logOps) markFailed(ctx context.Context, db *sql.DB, msg Message, reason string) error {
-	return l.s.logFault(ctx, l.logStore.markFailed(ctx, db, msg, reason))
+	return l.logFault(ctx, l.queueOps.markFailed(ctx, db, msg, reason))
 }
 
 func (l logOps) maintain(ctx context.Context, db *sql.DB) error {
-	if err := l.tend(ctx, db); err != nil {
-		return fmt.Errorf("outbox: maintaining %s: %w", l.s.t.full, l.s.logFault(ctx, err))
+	if err := l.q.Maintain(ctx, db); err != nil {
+		return fmt.Errorf("outbox: maintaining %s: %w", l.t.full, l.logFault(ctx, err))
 	}
 	return nil
-}
-
-func (l logOps) pending(ctx context.Context, db *sql.DB) (int64, error) {
-	c, err := l.counts(ctx, db, 1<<62)
-	return c.pending(), err
-}
-
-// reconcile does nothing: nothing is held in a log table (see divert);
-// Maintain rotates it.
-func (logOps) reconcile(context.Context, *sql.DB) (held, unheld int64, err error) { return 0, 0, nil }
-
-func (l logOps) purge(ctx context.Context, db *sql.DB, olderThan time.Duration, progress func(int64)) (int64, error) {
-	n, err := l.logStore.purge(ctx, db, olderThan)
-	if err != nil {
-		return n, fmt.Errorf("outbox: purging published messages in %s: %w", l.s.t.full, err)
-	}
-	if progress != nil {
-		progress(n)
-	}
-	return n, nil
 }
 
 func (logOps) orderColumn() string { return "ord" }
 
 func (l logOps) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
-	return l.s.readOrderOf(ctx, db, "ord")
+	return l.readOrderOf(ctx, db, "ord")
 }
 
-func (l logOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
-	return l.s.convertLogOrdering(ctx, db, l.logStore, to, dryRun, lockTimeout)
-}
+// convertOrdering is in order_table.go.
 
 // createRowsSchema does nothing: a table of the log layout exists.
 func (logOps) createRowsSchema(context.Context, *sql.DB) error { return nil }
 
 func (l logOps) convertToLog(context.Context, *sql.DB, bool, time.Duration) (Conversion, error) {
-	return Conversion{}, fmt.Errorf("outbox: %s has the %s layout already", l.s.t.full, LayoutLog)
+	return Conversion{}, fmt.Errorf("outbox: %s has the %s layout already", l.t.full, LayoutLog)
 }

@@ -168,10 +168,17 @@ func OrderSchema(tableName string) (string, error) {
 	return t.orderTriggerSQL(), nil
 }
 
-// tableMode is what a Store last read of its table's mode.
-type tableMode struct {
-	mode atomic.Int32 // 0: not read; modeUnordered; modeOrdered
-	at   atomic.Int64 // when, in Unix nanoseconds
+// orderMode is the one place a Store keeps the order its claims keep:
+// the mode it was configured with, and the table's mode as it last
+// learnt it. It learns it by observe, and only from what the table said:
+// CheckOrdering (every relay runs it when it starts and every second), a
+// conversion, a claim that found the table ordered, a write that found it
+// unordered. Reading the mode (TableOrdering) changes nothing. Backends
+// keep no mode: each claim and settle is told whether it is ordered.
+type orderMode struct {
+	configured Ordering     // StoreConfig.Ordering
+	read       atomic.Int32 // 0: not learnt; modeUnordered; modeOrdered
+	at         atomic.Int64 // when, in Unix nanoseconds
 }
 
 const (
@@ -183,32 +190,46 @@ const (
 // before it asks again (see Store.Add).
 const modeFresh = time.Second
 
-func (m *tableMode) set(o Ordering) {
+// observe records that the table's mode is o.
+func (m *orderMode) observe(o Ordering) {
 	v := int32(modeUnordered)
 	if o == OrderedByKey {
 		v = modeOrdered
 	}
-	m.mode.Store(v)
+	m.read.Store(v)
 	m.at.Store(time.Now().UnixNano())
 }
 
-// Ordering returns the order the store's claims keep now: the table's, as
-// last read from the database (Store.CheckOrdering, which every relay runs
-// when it starts and every second), or, before that, StoreConfig.Ordering.
-func (s *Store) Ordering() Ordering {
-	switch s.tm.mode.Load() {
+// observeOrdered is observe of an ordered (or unordered) table.
+func (m *orderMode) observeOrdered(ordered bool) {
+	if ordered {
+		m.observe(OrderedByKey)
+	} else {
+		m.observe(Unordered)
+	}
+}
+
+// current is the mode claims keep now: the table's as last learnt, or,
+// before that, the configured one.
+func (m *orderMode) current() Ordering {
+	switch m.read.Load() {
 	case modeUnordered:
 		return Unordered
 	case modeOrdered:
 		return OrderedByKey
 	}
-	return s.ordering
+	return m.configured
 }
 
-// knownUnordered reports whether the table was read unordered lately.
-func (s *Store) knownUnordered() bool {
-	return s.tm.mode.Load() == modeUnordered && time.Since(time.Unix(0, s.tm.at.Load())) < modeFresh
+// knownUnordered reports whether the table was learnt unordered lately.
+func (m *orderMode) knownUnordered() bool {
+	return m.read.Load() == modeUnordered && time.Since(time.Unix(0, m.at.Load())) < modeFresh
 }
+
+// Ordering returns the order the store's claims keep now: the table's, as
+// last read from the database (Store.CheckOrdering, which every relay runs
+// when it starts and every second), or, before that, StoreConfig.Ordering.
+func (s *Store) Ordering() Ordering { return s.order.current() }
 
 // tableOrder is what the catalog says of a table's order: whether it has
 // its order trigger, whether it has seq, and the CACHE of the sequence seq
@@ -219,7 +240,7 @@ type tableOrder struct {
 }
 
 // readOrder reads the table's order from the catalog, in one round trip
-// (relays do it every second), and records its mode.
+// (relays do it every second); it records nothing.
 func (s *Store) readOrder(ctx context.Context, db *sql.DB) (tableOrder, error) {
 	return s.readOrderOf(ctx, db, "seq")
 }
@@ -251,11 +272,6 @@ func (s *Store) readOrderOf(ctx context.Context, db *sql.DB, column string) (tab
 		s.t.quoted, s.t.orderTrigger(), column).Scan(&o.ordered, &o.hasSeq, &o.cache)
 	if err != nil {
 		return o, fmt.Errorf("outbox: reading the order of %s: %w", s.t.full, err)
-	}
-	if o.ordered {
-		s.tm.set(OrderedByKey)
-	} else {
-		s.tm.set(Unordered)
 	}
 	return o, nil
 }
@@ -321,12 +337,14 @@ func (s *Store) CheckOrdering(ctx context.Context) error {
 	}
 	column := ops.orderColumn()
 	o, err := ops.readOrder(ctx, db)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
+	}
+	s.order.observeOrdered(o.ordered)
+	switch {
 	case o.ordered:
 		return s.seqUnsafe(o, column)
-	case s.ordering == OrderedByKey:
+	case s.order.configured == OrderedByKey:
 		return fmt.Errorf("%w: %s is not an ordered table, and this store is configured OrderedByKey: make it one with `outbox convert --to ordered` (Store.ConvertOrdering), safe while writers and relays run", ErrOrderingUnsafe, s.t.full)
 	}
 	return nil
@@ -391,6 +409,7 @@ func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, d
 	if o.ordered {
 		from = OrderedByKey
 	}
+	s.order.observe(from)
 	c := OrderingConversion{From: from, To: to}
 	if to == OrderedByKey && from != to {
 		// The trigger numbers rows from seq's sequence, which must be
@@ -417,11 +436,11 @@ func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, d
 	if c.Took, err = convertIn(ctx, db, lockTimeout, c.DDL); err != nil {
 		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
 	}
-	s.tm.set(to)
+	s.order.observe(to)
 	return c, nil
 }
 
-// convertLogOrdering is ConvertOrdering of a table of the log layout. Under
+// convertOrdering is ConvertOrdering of a table of the log layout. Under
 // the table's claim lock (no claim runs meanwhile), making it ordered
 // creates its order trigger and records the boundary: what its snapshot
 // sees was written before the trigger and is relayed first, in the order
@@ -429,7 +448,8 @@ func (r rowsOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, d
 // relayed in the order of ord (see the claim function in logDDL). Making
 // it unordered drops the trigger; the messages held behind failed ones
 // are then claimed as they are due.
-func (s *Store) convertLogOrdering(ctx context.Context, db *sql.DB, ls *logStore, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+func (l logOps) convertOrdering(ctx context.Context, db *sql.DB, to Ordering, dryRun bool, lockTimeout time.Duration) (OrderingConversion, error) {
+	s := l.Store
 	o, err := s.readOrderOf(ctx, db, "ord")
 	if err != nil {
 		return OrderingConversion{}, err
@@ -438,8 +458,9 @@ func (s *Store) convertLogOrdering(ctx context.Context, db *sql.DB, ls *logStore
 	if o.ordered {
 		from = OrderedByKey
 	}
+	s.order.observe(from)
 	c := OrderingConversion{From: from, To: to}
-	st, err := ls.stats(ctx, db)
+	st, err := l.stats(ctx, db)
 	if err != nil {
 		return c, fmt.Errorf("outbox: converting %s: %w", s.t.full, err)
 	}
@@ -452,19 +473,19 @@ func (s *Store) convertLogOrdering(ctx context.Context, db *sql.DB, ls *logStore
 			return c, err
 		}
 	}
-	c.DDL = s.t.logUnorderDDL(ls.l)
+	c.DDL = s.t.logUnorderDDL(l.l)
 	if to == OrderedByKey {
-		c.DDL = s.t.logOrderDDL(ls.l)
+		c.DDL = s.t.logOrderDDL(l.l)
 	}
 	if dryRun {
 		return c, nil
 	}
 	// Under the claim lock: no claim runs meanwhile.
-	lock := "SELECT pg_advisory_xact_lock(hashtextextended('" + strings.ReplaceAll(ls.l.lockKey(), "'", "''") + "', 0))"
+	lock := "SELECT pg_advisory_xact_lock(hashtextextended('" + strings.ReplaceAll(l.l.lockKey(), "'", "''") + "', 0))"
 	if c.Took, err = convertIn(ctx, db, lockTimeout, lock, c.DDL); err != nil {
 		return c, fmt.Errorf("outbox: converting %s to %s: %w", s.t.full, to, err)
 	}
-	s.tm.set(to)
+	s.order.observe(to)
 	return c, nil
 }
 

@@ -61,43 +61,94 @@ func (o queueOps) ordered() bool { return o.Ordering() == OrderedByKey }
 func (o queueOps) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
 	ordered := o.ordered()
 	rows, c, err := o.q.Claim(ctx, db, n, lease, o.batchMaxBytes, ordered)
-	var msgs []Message
-	if err == nil && len(rows) > 0 {
-		msgs, err = o.parkUnfit(ctx, db, c, fromRows(rows), ordered)
-	}
 	if err != nil {
-		if gb, ok := o.q.(backend.GiveBacker); ok && c != nil {
-			o.giveBack(ctx, func(ctx context.Context) (int64, error) { return gb.GiveBack(ctx, db, c) }, err, false) // see orphan.go
+		o.giveBackClaims(ctx, db, err, c)
+		return nil, o.relayout(err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	if f, ok := rows[len(rows)-1].Claim.(backend.OrderFinder); ok && f.FoundOrdered() && !ordered {
+		// The table was made ordered since the store last read its mode:
+		// the relay publishes this claim in ordered mode.
+		o.order.observe(OrderedByKey)
+		ordered = true
+	}
+	msgs := make([]Message, 0, len(rows))
+	for _, r := range rows {
+		if r.Parked { // parked by the claim: reported, not relayed
+			o.warnParked(ctx, r.ID, r.Attempts, r.LastError)
+			continue
 		}
+		msgs = append(msgs, fromRow(r))
+	}
+	if msgs, err = o.parkUnfit(ctx, db, msgs, ordered); err != nil {
+		claims := make([]backend.Claim, 0, 1)
+		for _, r := range rows {
+			if len(claims) == 0 || claims[len(claims)-1] != r.Claim {
+				claims = append(claims, r.Claim)
+			}
+		}
+		o.giveBackClaims(ctx, db, err, claims...)
 		return nil, o.relayout(err)
 	}
 	return msgs, nil
 }
 
-// parkUnfit parks, under claim c, the claimed messages that cannot be
-// relayed as written, and returns the others. When ordered, the later
-// messages of a parked one's key are held behind it (Fail holds them) and
-// given back.
-func (o queueOps) parkUnfit(ctx context.Context, db *sql.DB, c backend.Claim, msgs []Message, ordered bool) ([]Message, error) {
+// giveBackClaims gives back what claims took, when the backend can, after
+// a claim failed with err (see orphan.go).
+func (o queueOps) giveBackClaims(ctx context.Context, db *sql.DB, err error, claims ...backend.Claim) {
+	gb, ok := o.q.(backend.GiveBacker)
+	if !ok {
+		return
+	}
+	for _, c := range claims {
+		if c != nil {
+			o.giveBack(ctx, func(ctx context.Context) (int64, error) { return gb.GiveBack(ctx, db, c) }, err, false)
+		}
+	}
+}
+
+// parkUnfit parks, each under the claim that took it, the claimed
+// messages that cannot be relayed as written, and returns the others.
+// When ordered, the later messages of a parked one's key are held behind
+// it (Fail holds them) and given back.
+func (o queueOps) parkUnfit(ctx context.Context, db *sql.DB, msgs []Message, ordered bool) ([]Message, error) {
 	byID := make(map[string]Message, len(msgs))
 	for _, m := range msgs {
 		byID[m.ID] = m
 	}
+	claimOf := func(m Message) backend.Claim {
+		c, _ := m.claim.(queueClaim)
+		return c.c
+	}
 	return o.parkEach(ctx, msgs, ordered,
 		func(id, reason string) (int, error) {
-			f, ok, err := o.q.Fail(ctx, db, refOf(byID[id]), c, reason, 0, 1, ordered)
+			m := byID[id]
+			f, ok, err := o.q.Fail(ctx, db, refOf(m), claimOf(m), reason, 0, 1, ordered)
 			if err == nil && !ok {
 				err = sql.ErrNoRows
 			}
 			return f.Attempts, err
 		},
 		func(ids []string) error { // behind a parked one of their key
-			refs := make([]backend.Ref, len(ids))
-			for i, id := range ids {
-				refs[i] = refOf(byID[id])
+			var (
+				claims []backend.Claim
+				of     = map[backend.Claim][]backend.Ref{}
+			)
+			for _, id := range ids {
+				c := claimOf(byID[id])
+				if _, ok := of[c]; !ok {
+					claims = append(claims, c)
+				}
+				of[c] = append(of[c], refOf(byID[id]))
 			}
-			_, err := o.q.Settle(ctx, db, false, c, refs, ordered)
-			return err
+			for _, c := range claims {
+				if _, err := o.q.Settle(ctx, db, false, c, of[c], ordered); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 }
 

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/acemq/outbox/internal/pgerr"
+	"github.com/acemq/outbox/internal/pglog"
 	"github.com/acemq/outbox/internal/pgrows"
 	"github.com/acemq/outbox/internal/pgschema"
 )
@@ -38,7 +39,8 @@ type pgState struct {
 type layoutState struct {
 	layoutMu    sync.Mutex
 	layoutKnown Layout
-	log         *logStore
+	log         *pglog.Backend // the queue of a table of the log layout
+	logT        logTables      // its objects, as read from the table
 }
 
 // ops returns the operations of the table's layout, read from the table
@@ -49,7 +51,7 @@ func (s pgStorage) ops(ctx context.Context) (layoutOps, error) {
 	case err != nil:
 		return nil, err
 	case ls != nil:
-		return logOps{ls}, nil
+		return logOps{queueOps{s.Store, ls}, s.logT}, nil
 	}
 	return s.rowsOps(), nil
 }
@@ -112,7 +114,7 @@ func (s pgStorage) createLogSchema(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	ddl := s.t.logSQL(s.t.logTables()) + s.t.scheduledSQL()
-	if s.ordering == OrderedByKey {
+	if s.order.configured == OrderedByKey {
 		ddl += s.t.logOrderDDL(s.t.logTables())
 	}
 	if err := pgschema.Apply(ctx, db, "outbox:"+s.t.quoted, ddl); err != nil {
@@ -139,11 +141,11 @@ func (s pgStorage) layout(ctx context.Context) (Layout, error) {
 	return l, err
 }
 
-// readLayout is layout, and returns the table's log store with it (nil for
-// the rows layout), read under the same lock: a change of layout
+// readLayout is layout, and returns the table's log backend with it (nil
+// for the rows layout), read under the same lock: a change of layout
 // (tableChanged) makes the next call read the table again and replace the
-// log store.
-func (s pgStorage) readLayout(ctx context.Context) (Layout, *logStore, error) {
+// log backend.
+func (s pgStorage) readLayout(ctx context.Context) (Layout, *pglog.Backend, error) {
 	db, err := s.pool()
 	if err != nil {
 		return 0, nil, err
@@ -181,16 +183,11 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 				slog.String("table", s.t.full), slog.Int("claim_revision", rev), slog.Int("current_revision", logClaimRevision))
 		}
 		// Read again (a statement found the table changed): the new log
-		// store starts where the old one's low-water mark was, not from
-		// the first batch (unfinished starts again from 0 by itself if the
-		// table was emptied).
+		// backend starts where the old one's low-water mark was, not from
+		// the first batch.
 		old := s.log
-		s.log = newLogStore(s.Store, checked)
-		if old != nil {
-			old.mu.Lock()
-			s.log.low = old.low
-			old.mu.Unlock()
-		}
+		s.log, s.logT = pglog.New(s.t.pglog(checked), pglog.Config{Logger: s.logger, Unfit: headersUnfit}), checked
+		s.log.Inherit(old)
 		s.layoutKnown = LayoutLog
 	case rows && kind.String == "r":
 		s.layoutKnown = LayoutRows
@@ -201,11 +198,11 @@ FROM (SELECT to_regclass($1) AS oid) AS r LEFT JOIN pg_class AS c ON c.oid = r.o
 	return s.layoutKnown, s.log, nil
 }
 
-// logged returns the log store when the table has LayoutLog, nil for the
+// logged returns the log backend when the table has LayoutLog, nil for the
 // rows layout, and the error when the layout cannot be read (the table is
 // missing, the database does not answer): the rows layout's statements
 // never run on a table whose layout is not known.
-func (s pgStorage) logged(ctx context.Context) (*logStore, error) {
+func (s pgStorage) logged(ctx context.Context) (*pglog.Backend, error) {
 	if s.db == nil {
 		return nil, nil
 	}
@@ -248,8 +245,8 @@ var arrayElem = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 // trigger would take them row by row, and two writers could deadlock),
 // takes them if the table is ordered, and learns that it is not for a while.
 func (s pgStorage) lockKeys(ctx context.Context, tx Execer, evts []Event) error {
-	ordered := s.ordering == OrderedByKey
-	if !ordered && (len(evts) < 2 || s.knownUnordered()) {
+	ordered := s.order.configured == OrderedByKey
+	if !ordered && (len(evts) < 2 || s.order.knownUnordered()) {
 		return nil // the common write of an unordered store: nothing to gather
 	}
 	var keys []string
@@ -291,7 +288,7 @@ func (s pgStorage) lockKeys(ctx context.Context, tx Execer, evts []Event) error 
 		return fmt.Errorf("outbox: taking the keys of %d event(s) in %s: %w", len(evts), s.t.full, err)
 	}
 	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		s.tm.set(Unordered) // not ordered: skip this statement for a while
+		s.order.observe(Unordered) // not ordered: skip this statement for a while
 	}
 	return nil
 }

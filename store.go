@@ -173,7 +173,6 @@ type Store struct {
 	purgeBatch    int
 	batchMaxBytes int64
 	router        Router
-	ordering      Ordering
 	newID         func() (uuid.UUID, error) // uuid.NewV7; tests skew its clock
 
 	database Database
@@ -188,8 +187,8 @@ type Store struct {
 
 	readOnly dbpool.Leaver // drops the pool's connections to a server that accepts no writes
 
-	tm      tableMode
-	pgState // on PostgreSQL
+	order   orderMode // the order claims keep: configured, and as last read of the table
+	pgState           // on PostgreSQL
 }
 
 // NewStore returns a Store on the table that cfg names. db is the relay's own
@@ -241,11 +240,11 @@ func NewStore(db *sql.DB, cfg *StoreConfig) (*Store, error) {
 		purgeBatch:    cmp.Or(cfg.PurgeBatchSize, PurgeBatchSizeDefault),
 		batchMaxBytes: cmp.Or(cfg.BatchMaxBytes, BatchMaxBytesDefault),
 		router:        cfg.Router,
-		ordering:      cfg.Ordering,
 		newID:         uuid.NewV7,
 		dueLook:       dueLook,
 		database:      database,
 	}
+	s.order.configured = cfg.Ordering
 	if be := newBackend(database, t); be != nil {
 		s.st, s.sched = backendStorage{backendOps{queueOps{s, be}, be}}, backendScheduler{be}
 	} else {

@@ -37,6 +37,10 @@ type Row struct {
 	Ord                                  int64     // its place in its key's order on an ordered table (0: none)
 	Due                                  time.Time // when a delayed message is due (ListScheduled)
 	State                                string    // KeyQueue: StateReady, StateInFlight, …
+	// Parked says that the claim that read the row parked it itself, as
+	// unfit (Unfit says why, LastError is what it recorded): the store
+	// reports it and does not relay it.
+	Parked bool
 }
 
 // Ref names a claimed message to a settle: its id, its seq and its key.
@@ -53,6 +57,20 @@ type Ref struct {
 type Claim interface {
 	// Backend names the backend that made the claim.
 	Backend() string
+}
+
+// An OrderFinder is a claim that can say it found its table ordered while
+// the store claimed it unordered (the table was made ordered meanwhile):
+// the store then relays in ordered mode from that claim on.
+type OrderFinder interface {
+	FoundOrdered() bool
+}
+
+// UnfitReason is the last error of a message parked because its row
+// cannot be relayed as written (unfit says why).
+func UnfitReason(unfit string) string {
+	return "outbox: parked when claimed: the row cannot be relayed as written (" + unfit +
+		"): correct it by SQL and retry it, or discard it"
 }
 
 // BadRowError is the failure to read a claimed row whose id cannot be
@@ -148,8 +166,9 @@ type Backend interface {
 
 // Queue is the store's contract over one table (../shared/seed): claims
 // by lease, fenced settles and failures, upkeep, counts, the parked
-// messages and purges. Every backend implements it; PostgreSQL's two
-// layouts and MySQL's table each in a package of its own.
+// messages and purges. Every backend implements it, each in a package of
+// its own: PostgreSQL's rows layout (pgrows), its log layout (pglog) and
+// MySQL's table (mysqlstore).
 type Queue interface {
 	// Claim takes up to n ready messages, in the order they were written,
 	// for lease, and no more of them than keep the bytes of the payloads
@@ -159,10 +178,13 @@ type Queue interface {
 	// its key before it, and the claim returns a key's messages in their
 	// order.
 	//
-	// It returns the claim it made with the rows it took, and with an
-	// error when it had made one (see GiveBacker). A row that cannot be
-	// read as written is returned with Unfit set; one whose id cannot be
-	// read either fails the claim with a BadRowError.
+	// It returns the claim it made with the rows it took (each row
+	// carries its own: a backend may take rows under several claims in
+	// one call), and with an error when it had made one (see GiveBacker).
+	// A row that cannot be read as written is returned with Unfit set,
+	// for the store to park (Fail), or, parked by the claim itself, with
+	// Parked set too; one whose id cannot be read either fails the claim
+	// with a BadRowError.
 	Claim(ctx context.Context, db *sql.DB, n int, lease time.Duration, maxBytes int64, ordered bool) ([]Row, Claim, error)
 	// Settle marks published (or releases) the messages of refs that
 	// claim still holds, and returns the indexes in refs of those it

@@ -90,14 +90,17 @@ SELECT count(*) FROM changed`
 const failing = `NOT head.held AND (head.parked_at IS NOT NULL OR head.attempts > 0)`
 
 func newQueries(t Table, ordered bool) queries {
+	// The fragments that hold placeholders are filled first; each
+	// statement is then filled once, and TestStatementsHaveNoPlaceholderLeft
+	// looks for a placeholder left in any.
+	frag := strings.NewReplacer("{table}", t.Quoted, "{held}", held)
 	r := strings.NewReplacer("{table}", t.Quoted, "{ordered_now}", t.OrderedNow, "{columns}", messageColumns, "{waiting}", waiting, "{held}", held, "{parked}", parked,
 		"{ready}", ready, "{in_flight}", inFlight, "{retrying}", retrying,
-		"{unheld}", unheldCTE, "{held_keys}", heldKeys, "{failing}", failing,
+		"{unheld}", frag.Replace(unheldCTE), "{held_keys}", frag.Replace(heldKeys), "{failing}", failing,
 		"{async}", pgsql.AsyncCondition)
-	// Nested texts are replaced in two steps.
-	r2 := func(q string) string { return r.Replace(r.Replace(q)) }
+	fill := r.Replace
 	q := queries{
-		claim: r2(claimSQL),
+		claim: fill(claimSQL),
 
 		// Fenced by the claim token: one statement per claim (a relay
 		// settles the messages of one claim together). Claims, marks and
@@ -106,12 +109,12 @@ func newQueries(t Table, ordered bool) queries {
 		// message; failures commit as every write does. The id = ANY
 		// condition keeps even a generic plan, cached while the table was
 		// small, on the primary key.
-		markPublished: r2(`UPDATE {table}
+		markPublished: fill(`UPDATE {table}
 SET published_at = now(), claimed_until = NULL, claim_token = NULL
 WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
 RETURNING id`),
 
-		release: r2(`UPDATE {table}
+		release: fill(`UPDATE {table}
 SET claimed_until = NULL, claim_token = NULL
 WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
 RETURNING id`),
@@ -119,24 +122,24 @@ RETURNING id`),
 		// A claim that failed gives back what its token took (see
 		// Backend.GiveBack). Claimed messages are waiting ones: the claim
 		// index finds them.
-		releaseClaim: r2(`UPDATE {table}
+		releaseClaim: fill(`UPDATE {table}
 SET claimed_until = NULL, claim_token = NULL
 WHERE {waiting} AND claim_token = $1::uuid`),
 
-		markFailed: r2(markFailedSQL + `
+		markFailed: fill(markFailedSQL + `
 RETURNING attempts, parked_at IS NOT NULL`),
 
 		// Pending means one thing everywhere (Store.Pending, Stats,
 		// Gauges, the metrics, outbox status): waiting to be published,
 		// ready, claimed, backing off, held and parked ones, all of them.
-		pending: r2(`SELECT
+		pending: fill(`SELECT
 	(SELECT count(*) FROM {table} WHERE {waiting}) +
 	(SELECT count(*) FROM {table} WHERE {held}) +
 	(SELECT count(*) FROM {table} WHERE {parked})`),
 
 		// Ready, in flight, retrying, held, parked (their sum is Pending),
 		// the ages of the oldest pending and of the oldest ready message.
-		stats: r2(`WITH live AS (
+		stats: fill(`WITH live AS (
 	SELECT count(*) FILTER (WHERE {ready}) AS ready,
 	       count(*) FILTER (WHERE {in_flight}) AS in_flight,
 	       count(*) FILTER (WHERE {retrying}) AS retrying,
@@ -155,25 +158,25 @@ SELECT live.ready, live.in_flight, live.retrying, held.n, parked.n,
        (SELECT count(DISTINCT event_key) FROM {table} WHERE {parked} AND event_key <> '')
 FROM live, held, parked`),
 
-		parked: r2(`SELECT {columns} FROM {table} AS o
+		parked: fill(`SELECT {columns} FROM {table} AS o
 WHERE {parked}` + pgsql.ParkedFilter + `
 ORDER BY o.parked_at DESC, coalesce(o.seq, 0) DESC
 LIMIT $1`),
 
 		// Re-arming or discarding a parked message brings back the
 		// messages held behind it.
-		retry:    r2(changing(rearm, `id = ANY($1::uuid[]) AND {parked}`)),
-		retryAll: r2(changing(rearm, `{parked}`)),
+		retry:    fill(changing(rearm, `id = ANY($1::uuid[]) AND {parked}`)),
+		retryAll: fill(changing(rearm, `{parked}`)),
 
 		// Only parked messages can be given up on. The row stays, with its
 		// attempts and last error; published_at takes it out of the
 		// outbox's work (and, in ordered mode, unblocks its key) and lets
 		// it be purged with the published history.
-		discard: r2(changing(`published_at = now(), discarded_at = now()`, `id = ANY($1::uuid[]) AND {parked}`)),
+		discard: fill(changing(`published_at = now(), discarded_at = now()`, `id = ANY($1::uuid[]) AND {parked}`)),
 
 		// Each part is answered by a partial index. The counts stop at $1.
 		// Pending is their sum, added up by Gauges.
-		gauges: r2(`SELECT
+		gauges: fill(`SELECT
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {ready} LIMIT $1) AS r),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {in_flight} LIMIT $1) AS f),
 	(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {waiting} AND {retrying} LIMIT $1) AS d),
@@ -186,10 +189,10 @@ LIMIT $1`),
 	coalesce(extract(epoch FROM now() - (SELECT created_at FROM {table} WHERE {waiting} AND {ready} ORDER BY seq LIMIT 1))::float8, 0),
 	(SELECT count(*) FROM (SELECT DISTINCT event_key FROM (SELECT event_key FROM {table} WHERE {parked} AND event_key <> '' LIMIT $1) AS e) AS b)`),
 
-		purgeable: r2(`SELECT count(*) FROM {table}
+		purgeable: fill(`SELECT count(*) FROM {table}
 WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval '1 microsecond'`),
 
-		purge: r2(`DELETE FROM {table} WHERE id IN (
+		purge: fill(`DELETE FROM {table} WHERE id IN (
 	SELECT id FROM {table}
 	WHERE published_at IS NOT NULL AND published_at < $1
 	ORDER BY published_at
@@ -207,7 +210,7 @@ WHERE published_at IS NOT NULL AND published_at < now() - $1::bigint * interval 
 		// marks or claims, and can never be part of a deadlock with them:
 		// what it skips, a later round takes. (Unqualified columns are
 		// those of the innermost table that has them.)
-		hold: r2(`WITH {held_keys}, keys AS (
+		hold: fill(`WITH {held_keys}, keys AS (
 	SELECT event_key FROM held_keys WHERE event_key IS NOT NULL
 	UNION
 	SELECT DISTINCT event_key FROM {table} WHERE {parked} AND event_key <> ''
@@ -228,7 +231,7 @@ UPDATE {table} SET held = true WHERE id IN (SELECT id FROM targets)`),
 		// Ordered mode, Store.Reconcile: bring back the held messages of
 		// keys whose head has not failed (a bring-back that was missed),
 		// SKIP LOCKED like the hold.
-		unhold: r2(`WITH {held_keys}, free AS MATERIALIZED (
+		unhold: fill(`WITH {held_keys}, free AS MATERIALIZED (
 	SELECT k0.event_key FROM held_keys AS k0
 	WHERE k0.event_key IS NOT NULL
 	  AND NOT EXISTS (SELECT 1 FROM ` + headOf("k0") + ` AS head WHERE {failing})
@@ -244,12 +247,12 @@ UPDATE {table} SET held = false WHERE id IN (SELECT id FROM targets)`),
 		// Nothing is held in unordered mode (Reconcile does not hold):
 		// what an ordered relay held before the table changed modes comes
 		// back.
-		q.unhold = r2(`UPDATE {table} SET held = false WHERE id IN (SELECT id FROM {table} WHERE {held} FOR UPDATE SKIP LOCKED)`)
+		q.unhold = fill(`UPDATE {table} SET held = false WHERE id IN (SELECT id FROM {table} WHERE {held} FOR UPDATE SKIP LOCKED)`)
 	}
 	if ordered {
-		q.claim = r2(orderedClaimSQL)
+		q.claim = fill(orderedClaimSQL)
 		// A message published brings back the messages held behind it.
-		q.markPublished = r2(`WITH changed AS (
+		q.markPublished = fill(`WITH changed AS (
 	UPDATE {table}
 	SET published_at = now(), claimed_until = NULL, claim_token = NULL
 	WHERE id = ANY($1::uuid[]) AND claim_token = $2::uuid AND published_at IS NULL AND {async}
@@ -258,7 +261,7 @@ UPDATE {table} SET held = false WHERE id IN (SELECT id FROM targets)`),
 SELECT id FROM changed`)
 		// A message that failed holds the later messages of its key (SKIP
 		// LOCKED, like the bring-back: Store.Reconcile holds what it skips).
-		q.markFailed = r2(`WITH failed AS (` + markFailedSQL + `
+		q.markFailed = fill(`WITH failed AS (` + markFailedSQL + `
 RETURNING attempts, parked_at IS NOT NULL AS parked, event_key, seq
 ), holding AS (
 	UPDATE {table} SET held = true

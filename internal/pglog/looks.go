@@ -1,11 +1,10 @@
-package outbox
+package pglog
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -34,8 +33,7 @@ const (
 // claims take the work back if it stops (or backs off after failures).
 const tendedFor = time.Second
 
-// looks is a log store's schedule of looks and rotations; its logStore's
-// mu guards it.
+// looks is a Backend's schedule of looks and rotations; its mu guards it.
 type looks struct {
 	nextScan, nextFailed, nextRotate time.Time
 	lookEvery                        time.Duration // longer while claims find nothing
@@ -47,79 +45,34 @@ type looks struct {
 	scanNow, failedNow bool
 }
 
-func (ls *logStore) claim(ctx context.Context, db *sql.DB, n int, lease time.Duration) ([]Message, error) {
-	var msgs []Message
-	step := func(take func() ([]Message, error)) error {
-		more, err := take()
-		if len(msgs) == 0 {
-			msgs = more // mostly the only step: no copy
-		} else {
-			msgs = append(msgs, more...)
-		}
-		return err
-	}
-	tended := ls.tended()
-	err := func() error {
-		if ls.lookNow(&ls.failedNow, &ls.nextFailed, tended) {
-			if err := step(func() ([]Message, error) { return ls.claimFailed(ctx, db, n, lease) }); err != nil {
-				return err
-			}
-		}
-		if len(msgs) < n && ls.lookNow(&ls.scanNow, &ls.nextScan, tended) {
-			if err := step(func() ([]Message, error) {
-				return ls.takeOverTx(ctx, db, n-len(msgs), len(msgs) == 0, lease)
-			}); err != nil {
-				return err
-			}
-		}
-		if len(msgs) < n {
-			return step(func() ([]Message, error) { return ls.claimNew(ctx, db, n-len(msgs), lease) })
-		}
-		return nil
-	}()
-	if err != nil && len(msgs) == 0 {
-		return nil, err
-	}
-	ls.lookedFor(len(msgs) == 0, lease)
-	// Messages already claimed are returned even if a later step failed:
-	// the next claim meets the failure again.
-	if !tended && ls.due(&ls.nextRotate, rotateEvery) {
-		if err := ls.rotateAll(ctx, db); err != nil && ctx.Err() == nil {
-			ls.s.logger.WarnContext(ctx, "outbox: Rotating the partitions of a log table failed; trying again in a second",
-				slog.String("table", ls.s.t.full), slog.Any("error", err))
-		}
-	}
-	return msgs, nil
-}
-
-// tend is Store.Maintain on a log table: it makes the looks and the
+// Maintain is Store.Maintain on a log table: it makes the looks and the
 // rotation that are due, and leaves what the looks found to the next
 // claim.
-func (ls *logStore) tend(ctx context.Context, db *sql.DB) error {
-	ls.mu.Lock()
-	ls.tendedAt = ls.now()
-	ls.mu.Unlock()
+func (b *Backend) Maintain(ctx context.Context, db *sql.DB) error {
+	b.mu.Lock()
+	b.tendedAt = b.now()
+	b.mu.Unlock()
 	var errs []error
-	if ls.due(&ls.nextScan, 0) {
-		cand, err := ls.unfinished(ctx, db, 0, true)
+	if b.due(&b.nextScan, 0) {
+		cand, err := b.unfinished(ctx, db, 0, true)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("looking for batches to take over: %w", err))
 		case cand != nil:
-			ls.scanSoon()
+			b.scanSoon()
 		}
 	}
-	if ls.due(&ls.nextFailed, 0) {
+	if b.due(&b.nextFailed, 0) {
 		var found bool
-		switch err := db.QueryRowContext(ctx, ls.failedDueSQL).Scan(&found); {
+		switch err := db.QueryRowContext(ctx, b.q.failedDue).Scan(&found); {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("looking for failed messages due again: %w", err))
 		case found:
-			ls.failedSoon()
+			b.failedSoon()
 		}
 	}
-	if ls.due(&ls.nextRotate, rotateEvery) {
-		if err := ls.rotateAll(ctx, db); err != nil {
+	if b.due(&b.nextRotate, rotateEvery) {
+		if err := b.rotateAll(ctx, db); err != nil {
 			errs = append(errs, fmt.Errorf("rotating the partitions: %w", err))
 		}
 	}
@@ -127,37 +80,37 @@ func (ls *logStore) tend(ctx context.Context, db *sql.DB) error {
 }
 
 // tended says whether Maintain makes the looks and the rotation now.
-func (ls *logStore) tended() bool {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	return !ls.tendedAt.IsZero() && ls.now().Sub(ls.tendedAt) < tendedFor
+func (b *Backend) tended() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.tendedAt.IsZero() && b.now().Sub(b.tendedAt) < tendedFor
 }
 
 // lookNow says whether this claim makes the look of *now and *next: at
 // once when *now is set (it is cleared), or else, unless Maintain makes
 // the looks, when *next is due.
-func (ls *logStore) lookNow(now *bool, next *time.Time, tended bool) bool {
-	ls.mu.Lock()
+func (b *Backend) lookNow(now *bool, next *time.Time, tended bool) bool {
+	b.mu.Lock()
 	if *now {
 		*now = false
-		ls.mu.Unlock()
+		b.mu.Unlock()
 		return true
 	}
-	ls.mu.Unlock()
-	return !tended && ls.due(next, 0)
+	b.mu.Unlock()
+	return !tended && b.due(next, 0)
 }
 
 // due says whether the time *next has come, and if so moves it on by every
 // (by the current look interval when every is 0).
-func (ls *logStore) due(next *time.Time, every time.Duration) bool {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	now := ls.now()
+func (b *Backend) due(next *time.Time, every time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
 	if now.Before(*next) {
 		return false
 	}
 	if every == 0 {
-		every = ls.lookEvery
+		every = b.lookEvery
 	}
 	*next = now.Add(every)
 	return true
@@ -166,25 +119,25 @@ func (ls *logStore) due(next *time.Time, every time.Duration) bool {
 // lookedFor adapts the look interval after a claim: back to lookEvery when
 // the claim found messages, twice as long (up to a quarter of the lease,
 // at most lookEveryIdle) when it found none.
-func (ls *logStore) lookedFor(empty bool, lease time.Duration) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
+func (b *Backend) lookedFor(empty bool, lease time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if !empty {
-		ls.lookEvery = lookEvery
+		b.lookEvery = lookEvery
 		return
 	}
-	ls.lookEvery = max(lookEvery, min(2*ls.lookEvery, lease/4, lookEveryIdle))
+	b.lookEvery = max(lookEvery, min(2*b.lookEvery, lease/4, lookEveryIdle))
 }
 
 // scanSoon and failedSoon make the next claim look at once, and the looks
 // frequent again: a look found work, or this process released a batch or
 // failed a message.
-func (ls *logStore) scanSoon()   { ls.soon(&ls.scanNow) }
-func (ls *logStore) failedSoon() { ls.soon(&ls.failedNow) }
+func (b *Backend) scanSoon()   { b.soon(&b.scanNow) }
+func (b *Backend) failedSoon() { b.soon(&b.failedNow) }
 
-func (ls *logStore) soon(now *bool) {
-	ls.mu.Lock()
+func (b *Backend) soon(now *bool) {
+	b.mu.Lock()
 	*now = true
-	ls.lookEvery = lookEvery
-	ls.mu.Unlock()
+	b.lookEvery = lookEvery
+	b.mu.Unlock()
 }

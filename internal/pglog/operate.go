@@ -1,4 +1,4 @@
-package outbox
+package pglog
 
 import (
 	"context"
@@ -18,11 +18,11 @@ import (
 // that were not settled, failed ones waiting to be tried again, those held
 // behind them and parked ones (failed ones that exhausted their attempts).
 
-// logCounts is what Stats and Gauges read of a log table: fresh and
+// counts is what Stats and Gauges read of a log table: fresh and
 // unsettled events are in the events table (those of unsettled batches
 // whose lease has not expired in flight, the others ready to be taken
 // over), failed ones and those held behind them in the failed table.
-type logCounts struct {
+type counts struct {
 	fresh, unsettled, unsettledInFlight                       int64
 	failedInFlight, failedReady, failedRetrying, held, parked int64
 	published, blockedKeys                                    int64
@@ -67,26 +67,26 @@ const unsettledFrom = `(SELECT b.*,
 // an ordered table, set aside behind a failed message of its key: it never
 // failed itself) ; else ready or retrying (waiting out its backoff).
 const (
-	logFailedInFlight = `parked_at IS NULL AND claimed_until > now()`
-	logFailedFree     = `parked_at IS NULL AND (claimed_until IS NULL OR claimed_until <= now())`
-	logFailedHeld     = logFailedFree + ` AND last_error IS NULL`
-	logFailedReady    = logFailedFree + ` AND last_error IS NOT NULL AND available_at <= now()`
-	logFailedRetrying = logFailedFree + ` AND last_error IS NOT NULL AND available_at > now()`
+	failedInFlight = `parked_at IS NULL AND claimed_until > now()`
+	failedFree     = `parked_at IS NULL AND (claimed_until IS NULL OR claimed_until <= now())`
+	failedHeld     = failedFree + ` AND last_error IS NULL`
+	failedReady    = failedFree + ` AND last_error IS NOT NULL AND available_at <= now()`
+	failedRetrying = failedFree + ` AND last_error IS NOT NULL AND available_at > now()`
 )
 
-// logCountsSQL counts a table's messages by state, each part of fresh
+// countsSQL counts a table's messages by state, each part of fresh
 // limited to $1.
-const logCountsSQL = `WITH ` + latestCTE + `,
+const countsSQL = `WITH ` + latestCTE + `,
 ` + freshCTE + `,
 u AS (SELECT * FROM ` + unsettledFrom + ` WHERE u.remaining > 0),
 f AS (SELECT * FROM {failed} WHERE published_at IS NULL AND discarded_at IS NULL)
 SELECT (SELECT count(*) FROM fresh),
 	(SELECT coalesce(sum(remaining), 0) FROM u),
 	(SELECT coalesce(sum(remaining), 0) FROM u WHERE taken),
-	(SELECT count(*) FROM f WHERE ` + logFailedInFlight + `),
-	(SELECT count(*) FROM f WHERE ` + logFailedReady + `),
-	(SELECT count(*) FROM f WHERE ` + logFailedRetrying + `),
-	(SELECT count(*) FROM f WHERE ` + logFailedHeld + `),
+	(SELECT count(*) FROM f WHERE ` + failedInFlight + `),
+	(SELECT count(*) FROM f WHERE ` + failedReady + `),
+	(SELECT count(*) FROM f WHERE ` + failedRetrying + `),
+	(SELECT count(*) FROM f WHERE ` + failedHeld + `),
 	(SELECT count(*) FROM f WHERE parked_at IS NOT NULL),
 	(SELECT coalesce(sum(cardinality(seqs)), 0) FROM {settle} WHERE kind = 'p' AND at > now() - interval '1 hour')
 	  + (SELECT count(*) FROM {failed} WHERE published_at > now() - interval '1 hour'),
@@ -95,76 +95,47 @@ SELECT (SELECT count(*) FROM fresh),
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u), (SELECT min(created_at) FROM f))), 0),
 	coalesce(extract(epoch FROM now() - least(
 		(SELECT min(created_at) FROM fresh), (SELECT min(claimed_at) FROM u WHERE NOT taken),
-		(SELECT min(created_at) FROM f WHERE ` + logFailedReady + `))), 0)`
+		(SELECT min(created_at) FROM f WHERE ` + failedReady + `))), 0)`
 
-func (ls *logStore) counts(ctx context.Context, db *sql.DB, limit int64) (logCounts, error) {
-	var c logCounts
-	err := db.QueryRowContext(ctx, ls.countsSQL, limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedRetrying, &c.held, &c.parked,
+func (b *Backend) counts(ctx context.Context, db *sql.DB, limit int64) (counts, error) {
+	var c counts
+	err := db.QueryRowContext(ctx, b.q.counts, limit).Scan(&c.fresh, &c.unsettled, &c.unsettledInFlight, &c.failedInFlight, &c.failedReady, &c.failedRetrying, &c.held, &c.parked,
 		&c.published, &c.blockedKeys, &c.oldest, &c.oldestReady)
 	if err != nil {
-		return logCounts{}, fmt.Errorf("outbox: counting messages of %s: %w", ls.s.t.full, err)
+		return counts{}, fmt.Errorf("outbox: counting messages of %s: %w", b.t.Full, err)
 	}
 	return c, nil
 }
 
 // ready is what a claim may take now: fresh events, those of batches
 // whose lease expired (a claim takes them over) and failed ones due again.
-func (c logCounts) ready() int64    { return c.fresh + c.unsettled - c.unsettledInFlight + c.failedReady }
-func (c logCounts) inFlight() int64 { return c.unsettledInFlight + c.failedInFlight }
-func (c logCounts) pending() int64 {
+func (c counts) ready() int64    { return c.fresh + c.unsettled - c.unsettledInFlight + c.failedReady }
+func (c counts) inFlight() int64 { return c.unsettledInFlight + c.failedInFlight }
+func (c counts) pending() int64 {
 	return c.ready() + c.inFlight() + c.failedRetrying + c.held + c.parked
 }
 
-func (ls *logStore) stats(ctx context.Context, db *sql.DB) (Stats, error) {
-	c, err := ls.counts(ctx, db, 1<<62)
-	if err != nil {
-		return Stats{}, err
-	}
-	return Stats{
-		Pending: c.pending(), Ready: c.ready(), InFlight: c.inFlight(), Claimed: c.inFlight(), Retrying: c.failedRetrying,
-		Held: c.held, Parked: c.parked, PublishedLastHour: c.published, BlockedKeys: c.blockedKeys,
-		OldestPendingAge: seconds(c.oldest), OldestReadyAge: seconds(c.oldestReady),
-	}, nil
-}
-
-func (ls *logStore) gauges(ctx context.Context, db *sql.DB, limit int64) (Gauges, error) {
-	c, err := ls.counts(ctx, db, limit)
-	if err != nil {
-		return Gauges{}, err
-	}
-	g := Gauges{
-		Ready: min(c.ready(), limit), InFlight: min(c.inFlight(), limit), Retrying: min(c.failedRetrying, limit),
-		Held: min(c.held, limit), Parked: min(c.parked, limit), Limit: limit, BlockedKeys: c.blockedKeys,
-		OldestPendingAge: seconds(c.oldest), OldestReadyAge: seconds(c.oldestReady),
-	}
-	g.Pending = min(g.Ready+g.InFlight+g.Retrying+g.Held+g.Parked, limit)
-	return g, nil
-}
-
-// logParkedSQL lists up to $1 parked messages, the latest parked first.
-const logParkedSQL = `SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
+// parkedSQL lists up to $1 parked messages, the latest parked first.
+const parkedSQL = `SELECT o.id, o.seq, o.event_type, o.event_key, o.exchange, o.routing_key, o.payload,
 	o.content_type, o.headers, o.created_at, o.attempts, coalesce(o.last_error, ''), o.claimed_until, o.parked_at
-FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL` + pgParkedFilter + `
+FROM {failed} AS o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.discarded_at IS NULL` + pgsql.ParkedFilter + `
 ORDER BY o.parked_at DESC, coalesce(o.seq, 0) DESC LIMIT $1`
 
-// pgParkedFilter is the condition of a parked list on PostgreSQL.
-const pgParkedFilter = pgsql.ParkedFilter
-
-func (ls *logStore) parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]Message, error) {
-	rows, err := db.QueryContext(ctx, ls.parkedSQL, q.Args()...)
+func (b *Backend) Parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery) ([]backend.Row, error) {
+	rows, err := db.QueryContext(ctx, b.q.parked, q.Args()...)
 	if err != nil {
 		return nil, err
 	}
-	return scanMessages(rows, nil)
+	return scanRows(rows)
 }
 
-// logRetrySet is what a retry does to a parked message of the failed
+// retrySet is what a retry does to a parked message of the failed
 // table.
-const logRetrySet = `parked_at = NULL, attempts = 0, available_at = now(), claim_token = NULL, claimed_until = NULL`
+const retrySet = `parked_at = NULL, attempts = 0, available_at = now(), claim_token = NULL, claimed_until = NULL`
 
-// logChangeParked sets set on the parked messages of the failed table,
+// changeParked sets set on the parked messages of the failed table,
 // those whose ids are $1 (byID) or all of them, and counts them.
-func logChangeParked(set string, byID bool) string {
+func changeParked(set string, byID bool) string {
 	where := ""
 	if byID {
 		where = " AND id = ANY($1::uuid[])"
@@ -174,19 +145,19 @@ func logChangeParked(set string, byID bool) string {
 SELECT count(*) FROM c`
 }
 
-// changeParked re-arms (retry) or discards parked messages, those among
+// ChangeParked re-arms (retry) or discards parked messages, those among
 // ids or, when ids is nil, all of them.
-func (ls *logStore) changeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
-	query, args := ls.retrySQL, []any{ids}
+func (b *Backend) ChangeParked(ctx context.Context, db *sql.DB, discard bool, ids []string) (int64, error) {
+	query, args := b.q.retry, []any{ids}
 	switch {
 	case discard && ids == nil:
-		query, args = ls.discardAllSQL, nil
+		query, args = b.q.discardAll, nil
 	case discard:
-		query = ls.discardSQL
+		query = b.q.discard
 	case ids == nil:
-		query, args = ls.retryAllSQL, nil
+		query, args = b.q.retryAll, nil
 	}
-	defer ls.failedSoon()
+	defer b.failedSoon()
 	var n int64
 	err := db.QueryRowContext(ctx, query, args...).Scan(&n)
 	return n, err
@@ -195,12 +166,12 @@ func (ls *logStore) changeParked(ctx context.Context, db *sql.DB, discard bool, 
 // horizon is the snapshot every event visible in which is settled: the lo
 // of the oldest unfinished batch, or the cursor's (its lo while its window
 // has more, its hi when drained). Before the first claim nothing is.
-func (ls *logStore) horizon(ctx context.Context, q querier) (string, error) {
-	ls.mu.Lock()
-	low := ls.low // no batch below it is unfinished
-	ls.mu.Unlock()
+func (b *Backend) horizon(ctx context.Context, q querier) (string, error) {
+	b.mu.Lock()
+	low := b.low // no batch below it is unfinished
+	b.mu.Unlock()
 	var h sql.NullString
-	err := q.QueryRowContext(ctx, ls.horizonSQL, low).Scan(&h)
+	err := q.QueryRowContext(ctx, b.q.horizon, low).Scan(&h)
 	if err != nil {
 		return "", err
 	}
@@ -210,47 +181,28 @@ func (ls *logStore) horizon(ctx context.Context, q querier) (string, error) {
 	return h.String, nil
 }
 
-// logHorizonSQL reads the horizon (see logStore.horizon), from batch $1 on.
-const logHorizonSQL = `WITH ` + latestCTE + `
+// horizonSQL reads the horizon (see horizon), from batch $1 on.
+const horizonSQL = `WITH ` + latestCTE + `
 SELECT coalesce(
 	(SELECT u.lo::text FROM ` + unsettledFrom + ` WHERE u.remaining > 0 AND u.batch_id >= $1 ORDER BY u.batch_id LIMIT 1),
 	(SELECT CASE WHEN l.more THEN l.lo ELSE l.hi END::text FROM l))`
-
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// partition names the i-th partition of the events table.
-func (ls *logStore) partition(i int64) string { return ls.s.t.logPartition(i) }
-
-// logPartition, logBatchPartition and logSettlePartition name the i-th
-// partition of a table of LayoutLog's events, batch and settle tables:
-// what logSQL creates, the layout's check looks for and maintenance
-// truncates.
-func (t table) logPartition(i int64) string { return t.qualified(fmt.Sprintf("%s_p%02d", t.name, i)) }
-func (t table) logBatchPartition(i int64) string {
-	return t.qualified(fmt.Sprintf("%s_batch_p%d", t.name, i))
-}
-func (t table) logSettlePartition(i int64) string {
-	return t.qualified(fmt.Sprintf("%s_settle_p%d", t.name, i))
-}
 
 // purge truncates the partitions of the events table whose every event is
 // settled and older than olderThan, other than the one writers are in and
 // the next.
 // Each TRUNCATE waits at most 50ms for its lock and is skipped otherwise:
 // writers never wait behind it, since they insert into other partitions.
-func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error) {
-	cur, err := ls.current(ctx, db)
+func (b *Backend) purge(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error) {
+	cur, err := b.current(ctx, db)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
-	for i := int64(0); i < ls.l.parts; i++ {
-		if i == cur || i == (cur+1)%ls.l.parts {
+	for i := int64(0); i < b.t.Parts; i++ {
+		if i == cur || i == (cur+1)%b.t.Parts {
 			continue
 		}
-		n, _, err := ls.truncate(ctx, db, i, olderThan, true)
+		n, _, err := b.truncate(ctx, db, i, olderThan, true)
 		if err != nil {
 			return total, err
 		}
@@ -259,37 +211,37 @@ func (ls *logStore) purge(ctx context.Context, db *sql.DB, olderThan time.Durati
 	// The failed table's copies of messages published or discarded long
 	// enough ago, once their events are gone with their partitions: on an
 	// ordered table it also carries the backlogs of hot keys.
-	_, err = pgschema.DeleteInBatches(ctx, db, 10_000, nil, ls.purgeFailedSQL, olderThan.Microseconds())
+	_, err = pgschema.DeleteInBatches(ctx, db, 10_000, nil, b.q.purgeFailed, olderThan.Microseconds())
 	return total, err
 }
 
-// logPurgeFailedSQL deletes up to $2 of the failed table's copies of
+// purgeFailedSQL deletes up to $2 of the failed table's copies of
 // messages published or discarded more than $1 microseconds ago whose
 // events are gone.
-const logPurgeFailedSQL = `DELETE FROM {failed} WHERE id IN (
+const purgeFailedSQL = `DELETE FROM {failed} WHERE id IN (
 	SELECT f.id FROM {failed} AS f
 	WHERE coalesce(f.published_at, f.discarded_at) < now() - $1::bigint * interval '1 microsecond'
 	  AND NOT EXISTS (SELECT 1 FROM {table} AS o WHERE o.id = f.id)
 	LIMIT $2)`
 
 // current returns the partition writers are in.
-func (ls *logStore) current(ctx context.Context, q querier) (int64, error) {
+func (b *Backend) current(ctx context.Context, q querier) (int64, error) {
 	var last int64
-	if err := q.QueryRowContext(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM `+ls.l.seq).Scan(&last); err != nil {
-		return 0, fmt.Errorf("outbox: reading the sequence of %s: %w", ls.s.t.full, err)
+	if err := q.QueryRowContext(ctx, b.q.sequence).Scan(&last); err != nil {
+		return 0, fmt.Errorf("outbox: reading the sequence of %s: %w", b.t.Full, err)
 	}
-	return ls.partitionOf(last), nil
+	return b.partitionOf(last), nil
 }
 
 // partitionOf is the partition of the events numbered from seq last on.
-func (ls *logStore) partitionOf(last int64) int64 { return (last / ls.l.chunk) % ls.l.parts }
+func (b *Backend) partitionOf(last int64) int64 { return (last / b.t.Chunk) % b.t.Parts }
 
 // truncate empties partition i if every event in it is settled and none
 // was written less than olderThan ago, and returns how many events it
 // held (when count is set); emptied says that the partition is empty now
 // (it was, or it was truncated).
-func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan time.Duration, count bool) (n int64, emptied bool, err error) {
-	part := ls.partition(i)
+func (b *Backend) truncate(ctx context.Context, db *sql.DB, i int64, olderThan time.Duration, count bool) (n int64, emptied bool, err error) {
+	part := b.t.Partition(i)
 	var any bool
 	// An empty partition (most looks of the rotation) costs one statement,
 	// not a transaction.
@@ -302,7 +254,7 @@ func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan
 	}
 	defer func() { _ = tx.Rollback() }()
 	// Look before taking the lock, which claims would queue behind.
-	if ok, err := ls.purgeableNow(ctx, tx, part, olderThan); err != nil || !ok {
+	if ok, err := b.purgeableNow(ctx, tx, part, olderThan); err != nil || !ok {
 		return 0, false, err
 	}
 	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
@@ -316,7 +268,7 @@ func (ls *logStore) truncate(ctx context.Context, db *sql.DB, i int64, olderThan
 	}
 	// Under the lock no writer of the partition is in progress: every row
 	// in it is committed, and the checks below see them all.
-	ok, err := ls.purgeableNow(ctx, tx, part, olderThan)
+	ok, err := b.purgeableNow(ctx, tx, part, olderThan)
 	if err != nil || !ok {
 		return 0, false, err
 	}
@@ -353,8 +305,8 @@ func estimateRows(ctx context.Context, q querier, part string) (int64, error) {
 
 // purgeableNow says whether every event of the partition is settled (it is
 // visible in the horizon) and older than olderThan.
-func (ls *logStore) purgeableNow(ctx context.Context, q querier, part string, olderThan time.Duration) (bool, error) {
-	h, err := ls.horizon(ctx, q)
+func (b *Backend) purgeableNow(ctx context.Context, q querier, part string, olderThan time.Duration) (bool, error) {
+	h, err := b.horizon(ctx, q)
 	if err != nil {
 		return false, err
 	}
@@ -373,33 +325,33 @@ func (ls *logStore) purgeableNow(ctx context.Context, q querier, part string, ol
 // of the batch and settle tables. Maintain calls it every second (claims
 // do, when nothing calls Maintain): one statement while nothing is to be
 // emptied (see rotated).
-func (ls *logStore) rotateAll(ctx context.Context, db *sql.DB) error {
+func (b *Backend) rotateAll(ctx context.Context, db *sql.DB) error {
 	var (
 		last   int64
 		latest sql.NullInt64
 	)
-	if err := db.QueryRowContext(ctx, ls.rotationSQL).Scan(&last, &latest); err != nil {
-		return fmt.Errorf("outbox: reading the sequence of %s: %w", ls.s.t.full, err)
+	if err := db.QueryRowContext(ctx, b.q.rotation).Scan(&last, &latest); err != nil {
+		return fmt.Errorf("outbox: reading the sequence of %s: %w", b.t.Full, err)
 	}
-	cur := ls.partitionOf(last)
-	ls.mu.Lock()
-	known := ls.rot.events == cur+1
-	ls.mu.Unlock()
+	cur := b.partitionOf(last)
+	b.mu.Lock()
+	known := b.rot.events == cur+1
+	b.mu.Unlock()
 	if !known {
-		_, emptied, err := ls.truncate(ctx, db, (cur+2)%ls.l.parts, 0, false)
+		_, emptied, err := b.truncate(ctx, db, (cur+2)%b.t.Parts, 0, false)
 		if err != nil {
 			return err
 		}
 		if emptied {
-			ls.mu.Lock()
-			ls.rot.events = cur + 1
-			ls.mu.Unlock()
+			b.mu.Lock()
+			b.rot.events = cur + 1
+			b.mu.Unlock()
 		}
 	}
 	if !latest.Valid {
 		return nil
 	}
-	return ls.rotateBatches(ctx, db, latest.Int64)
+	return b.rotateBatches(ctx, db, latest.Int64)
 }
 
 // rotated is what the rotation found empty, which stays so while the
@@ -407,38 +359,38 @@ func (ls *logStore) rotateAll(ctx context.Context, db *sql.DB) error {
 // writers reach the partition after the next one only by passing through
 // the next, and a partition of the batch table gets rows only from the
 // batch ids reaching it (a take-over inserts beside an unfinished batch,
-// and an emptied partition holds none). Its logStore's mu guards it.
+// and an emptied partition holds none). Its Backend's mu guards it.
 type rotated struct {
 	events     int64 // the writers' partition (+1) when the one after the next was found empty; 0: none
 	batches    int64 // the batch ids' partition (+1) when batchEmpty was found
-	batchEmpty [logBatchParts]bool
+	batchEmpty [BatchParts]bool
 }
 
 // rotateBatches truncates the partitions of the batch and settle tables
 // that hold only finished batches, other than the one the latest batch id
 // is in (it holds the cursor) and the next one.
-func (ls *logStore) rotateBatches(ctx context.Context, db *sql.DB, latest int64) error {
-	cur := (latest / ls.l.batchChunk) % logBatchParts
-	ls.mu.Lock()
-	if ls.rot.batches != cur+1 {
-		ls.rot.batches, ls.rot.batchEmpty = cur+1, [logBatchParts]bool{}
+func (b *Backend) rotateBatches(ctx context.Context, db *sql.DB, latest int64) error {
+	cur := (latest / b.t.BatchChunk) % BatchParts
+	b.mu.Lock()
+	if b.rot.batches != cur+1 {
+		b.rot.batches, b.rot.batchEmpty = cur+1, [BatchParts]bool{}
 	}
-	empty := ls.rot.batchEmpty
-	ls.mu.Unlock()
-	for i := int64(0); i < logBatchParts; i++ {
-		if i == cur || i == (cur+1)%logBatchParts || empty[i] {
+	empty := b.rot.batchEmpty
+	b.mu.Unlock()
+	for i := int64(0); i < BatchParts; i++ {
+		if i == cur || i == (cur+1)%BatchParts || empty[i] {
 			continue
 		}
-		emptied, err := ls.truncateBatches(ctx, db, i)
+		emptied, err := b.truncateBatches(ctx, db, i)
 		if err != nil {
 			return err
 		}
 		if emptied {
-			ls.mu.Lock()
-			if ls.rot.batches == cur+1 {
-				ls.rot.batchEmpty[i] = true
+			b.mu.Lock()
+			if b.rot.batches == cur+1 {
+				b.rot.batchEmpty[i] = true
 			}
-			ls.mu.Unlock()
+			b.mu.Unlock()
 		}
 	}
 	return nil
@@ -446,8 +398,8 @@ func (ls *logStore) rotateBatches(ctx context.Context, db *sql.DB, latest int64)
 
 // truncateBatches empties partition i of the batch and settle tables if
 // every batch in it is finished; emptied says that it is empty now.
-func (ls *logStore) truncateBatches(ctx context.Context, db *sql.DB, i int64) (emptied bool, err error) {
-	bp, sp := ls.s.t.logBatchPartition(i), ls.s.t.logSettlePartition(i)
+func (b *Backend) truncateBatches(ctx context.Context, db *sql.DB, i int64) (emptied bool, err error) {
+	bp, sp := b.t.BatchPartition(i), b.t.SettlePartition(i)
 	unfinished := strings.NewReplacer("{batch}", bp, "{settle}", sp).Replace(`SELECT EXISTS (SELECT 1 FROM ` + unsettledFrom + ` WHERE u.remaining > 0)`)
 	// Look before taking the lock: a partition just left behind by the
 	// batch ids holds batches in flight for a few seconds.
@@ -476,30 +428,101 @@ END $$`)
 	return false, err
 }
 
-// purgeable counts the events purge would remove now.
-func (ls *logStore) purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error) {
-	cur, err := ls.current(ctx, db)
+// Purgeable counts the events Purge would remove now.
+func (b *Backend) Purgeable(ctx context.Context, db *sql.DB, olderThan time.Duration) (int64, error) {
+	cur, err := b.current(ctx, db)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
-	for i := int64(0); i < ls.l.parts; i++ {
-		if i == cur || i == (cur+1)%ls.l.parts {
+	for i := int64(0); i < b.t.Parts; i++ {
+		if i == cur || i == (cur+1)%b.t.Parts {
 			continue
 		}
-		part := ls.partition(i)
-		ok, err := ls.purgeableNow(ctx, db, part, olderThan)
+		part := b.t.Partition(i)
+		ok, err := b.purgeableNow(ctx, db, part, olderThan)
 		if err != nil {
-			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", ls.s.t.full, err)
+			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", b.t.Full, err)
 		}
 		if !ok {
 			continue
 		}
 		n, err := estimateRows(ctx, db, part)
 		if err != nil {
-			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", ls.s.t.full, err)
+			return 0, fmt.Errorf("outbox: counting purgeable messages in %s: %w", b.t.Full, err)
 		}
 		total += n
 	}
 	return total, nil
+}
+
+// Pending counts the messages not published yet.
+func (b *Backend) Pending(ctx context.Context, db *sql.DB) (int64, error) {
+	c, err := b.counts(ctx, db, 1<<62)
+	return c.pending(), err
+}
+
+// Counts reads the table's messages by state, each count stopping at
+// limit (0: none).
+func (b *Backend) Counts(ctx context.Context, db *sql.DB, limit int64) (backend.Counts, error) {
+	if limit <= 0 {
+		limit = 1 << 62
+	}
+	c, err := b.counts(ctx, db, limit)
+	if err != nil {
+		return backend.Counts{}, err
+	}
+	return backend.Counts{
+		Ready: min(c.ready(), limit), InFlight: min(c.inFlight(), limit), Retrying: min(c.failedRetrying, limit),
+		Held: min(c.held, limit), Parked: min(c.parked, limit), PublishedLastHour: c.published, BlockedKeys: c.blockedKeys,
+		OldestPending: seconds(c.oldest), OldestReady: seconds(c.oldestReady),
+	}, nil
+}
+
+// seconds is an age read from the database, to the millisecond.
+func seconds(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
+}
+
+// Reconcile does nothing: nothing is held in a log table but behind a
+// failed message of its key (see divert), and Maintain rotates it.
+func (*Backend) Reconcile(context.Context, *sql.DB, bool) (held, unheld int64, err error) {
+	return 0, 0, nil
+}
+
+// Purge truncates the partitions whose every event is settled and older
+// than olderThan (see purge), whatever batch says, and calls progress once.
+func (b *Backend) Purge(ctx context.Context, db *sql.DB, olderThan time.Duration, _ int, progress func(int64)) (int64, error) {
+	n, err := b.purge(ctx, db, olderThan)
+	if err == nil && progress != nil {
+		progress(n)
+	}
+	return n, err
+}
+
+// scanRows reads rows of the failed table's message columns (see scan),
+// without ord and the blocked flag.
+func scanRows(rs *sql.Rows, more ...func(*backend.Row) []any) ([]backend.Row, error) {
+	defer rs.Close()
+	var out []backend.Row
+	for rs.Next() {
+		var (
+			r                 backend.Row
+			claimed, parkedAt sql.NullTime
+		)
+		dest := []any{&r.ID, &r.Seq, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload,
+			&r.ContentType, &r.Headers, &r.CreatedAt, &r.Attempts, &r.LastError, &claimed, &parkedAt}
+		for _, m := range more {
+			dest = append(dest, m(&r)...)
+		}
+		if err := rs.Scan(dest...); err != nil {
+			if r.ID == "" {
+				return nil, backend.BadRowError{Err: err}
+			}
+			r.Unfit, r.Headers = err.Error(), nil
+		}
+		r.ClaimedUntil, r.ParkedAt = claimed.Time, parkedAt.Time
+		out = append(out, r)
+	}
+	return out, rs.Err()
 }
