@@ -8,19 +8,13 @@ BENCH ?= .
 help: ## list the targets
 	@grep -E '^[a-z/]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-# The relay's tests that kill, cut and terminate, again on tables of the log
-# layout (the whole suite on them: make test/log).
-LOG_SMOKE = TestRelayKilledMidBatch|TestSettleRetriedAfterSessionsTerminated|TestTwoRelaysOneTable|TestConnectionCutMidStream|TestGracefulShutdownReleasesClaims|TestUnroutableMessageFailsAndParks|TestBrokerClosesConnection|TestPipeline|TestOrderedUnroutableHeadHoldsItsKey
-
 .PHONY: test
-test: ## run every test with the race detector against local PostgreSQL and RabbitMQ (the ordered chaos test on 5,000 messages), and the relay's fault tests again on the log layout
+test: ## run every test with the race detector against local PostgreSQL, MariaDB and RabbitMQ (the ordered chaos test on 5,000 messages; the relay's fault tests and the chaos test on both PostgreSQL layouts)
 	OUTBOX_CHAOS_MESSAGES=5000 $(GO) test -race -count=1 -timeout 8m ./...
-	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 4m -run '$(LOG_SMOKE)' ./relay
 
 .PHONY: test/chaos
 test/chaos: ## the ordered chaos test at full size (20,000 messages, four relays, kills), on both PostgreSQL layouts and on MariaDB
 	$(GO) test -race -count=1 -timeout 8m -run 'TestOrderedChaos|TestMySQLOrderedChaos' -v ./relay
-	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m -run TestOrderedChaos -v ./relay
 
 .PHONY: test/soak
 test/soak: ## duplicates per fault kind, alone and together, with outbox verify (stops RabbitMQ's application: a broker of its own; ~15 min a layout)
@@ -31,7 +25,7 @@ test/failover: ## promote a PostgreSQL standby under load (a primary and standby
 	OUTBOX_FAILOVER_TEST=1 OUTBOX_FAILOVER_RUNS=$(or $(RUNS),3) $(GO) test -count=1 -timeout 60m -run TestFailover -v ./cmd/outbox
 
 .PHONY: test/log
-test/log: ## the relay's whole suite on tables of the log layout (OUTBOX_TEST_LAYOUT=log)
+test/log: ## the relay's whole suite with the log layout as its default (OUTBOX_TEST_LAYOUT=log): the tests that run on one layout run on it too
 	OUTBOX_TEST_LAYOUT=log $(GO) test -race -count=1 -timeout 8m ./relay
 
 .PHONY: lint

@@ -72,45 +72,6 @@ func (s *Store) leaveReadOnly(ctx context.Context, db *sql.DB, err error) error 
 	return err
 }
 
-func scanMessages(rows *sql.Rows, claim claimRef) ([]Message, error) {
-	defer rows.Close()
-	var msgs []Message
-	for rows.Next() {
-		m, err := scanMessage(rows, claim)
-		if err != nil {
-			return nil, err
-		}
-		msgs = append(msgs, m)
-	}
-	return msgs, rows.Err()
-}
-
-// scanMessage reads one row of the columns scanMessages reads, then into
-// extra, the columns after them. A row that cannot be relayed as written
-// (a column that does not scan, headers that do not decode or that Add
-// refuses: a row written by SQL) is returned with the reason in unfit; one
-// whose id cannot be read either is an error (badRowError).
-func scanMessage(rows *sql.Rows, claim claimRef, extra ...any) (Message, error) {
-	var (
-		m        Message
-		headers  []byte
-		claimed  sql.NullTime
-		parkedAt sql.NullTime
-	)
-	dest := append([]any{&m.ID, &m.Seq, &m.EventType, &m.Key, &m.Exchange, &m.RoutingKey, &m.Payload,
-		&m.ContentType, &headers, &m.CreatedAt, &m.Attempts, &m.LastError, &claimed, &parkedAt}, extra...)
-	if err := rows.Scan(dest...); err != nil {
-		if m.ID == "" {
-			return Message{}, badRowError{err}
-		}
-		m.unfit = err.Error()
-	} else {
-		m.decodeHeaders(headers)
-	}
-	m.ClaimedUntil, m.ParkedAt, m.claim = claimed.Time, parkedAt.Time, claim
-	return m, nil
-}
-
 // decodeHeaders sets m.Headers from the jsonb of its row ('{}': none), or
 // m.unfit when they are not what Add writes: an object of string values
 // whose names Add accepts.

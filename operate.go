@@ -104,11 +104,6 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	return st, err
 }
 
-// seconds is an age read from the database, to the millisecond.
-func seconds(s float64) time.Duration {
-	return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
-}
-
 // Parked returns up to limit parked messages, the most recently parked
 // first, with their attempt counts and last errors.
 func (s *Store) Parked(ctx context.Context, limit int) ([]Message, error) {

@@ -33,13 +33,16 @@ func requireKeyOrder(t *testing.T, b *testBundle, log *amqptest.OrderLog) {
 // backs off and after it is parked, other keys flow, and once an operator
 // retries it (the route now bound) or discards it, the key flows in order.
 func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
-	t.Parallel()
+	onEveryLayout(t, testOrderedUnroutableHeadHoldsItsKey)
+}
+
+func testOrderedUnroutableHeadHoldsItsKey(t *testing.T, l outbox.Layout) {
 	for _, fix := range []string{"retry", "discard"} {
 		t.Run(fix, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			log := amqptest.NewOrderLog()
-			b := setupFunc(t, &outbox.StoreConfig{
+			b := setupOn(t, l, &outbox.StoreConfig{
 				Ordering:    outbox.OrderedByKey,
 				MaxAttempts: 3,
 				Backoff:     func(int) time.Duration { return 100 * time.Millisecond },
@@ -110,13 +113,14 @@ func TestOrderedUnroutableHeadHoldsItsKey(t *testing.T) {
 // nothing is lost. OUTBOX_CHAOS_MESSAGES sets the count (keys: one for
 // every 20): `make test` runs it on 5,000, `make test/chaos` on 20,000 on
 // both layouts.
-func TestOrderedChaos(t *testing.T) {
-	t.Parallel()
+func TestOrderedChaos(t *testing.T) { onEveryLayout(t, testOrderedChaos) }
+
+func testOrderedChaos(t *testing.T, l outbox.Layout) {
 	total := dbtest.EnvInt(t, "OUTBOX_CHAOS_MESSAGES", 20_000)
 	const writers = 4
 	keys := max(total/20, 1)
 	log := amqptest.NewOrderLog()
-	b := setupFunc(t, &outbox.StoreConfig{Ordering: outbox.OrderedByKey}, log.Record)
+	b := setupOn(t, l, &outbox.StoreConfig{Ordering: outbox.OrderedByKey}, log.Record)
 	name := amqptest.Name(t, "relay")
 
 	kill := startRelayProcess(t, b.store.Table(), true)

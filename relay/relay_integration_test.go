@@ -36,6 +36,34 @@ func setup(t testing.TB, cfg *outbox.StoreConfig, bindingKeys ...string) *testBu
 // setupFunc is setup whose consumer also calls fn for every delivery.
 func setupFunc(t testing.TB, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bindingKeys ...string) *testBundle {
 	t.Helper()
+	l := outbox.LayoutRows
+	if dbtest.LogLayout() {
+		l = outbox.LayoutLog
+	}
+	return setupOn(t, l, cfg, fn, bindingKeys...)
+}
+
+// layouts are PostgreSQL's two layouts, on each of which the relay's fault
+// tests run (onEveryLayout), each in every run of the suite; the store's
+// semantics are proven on each by package outbox's conformance suite.
+// OUTBOX_TEST_LAYOUT=log (make test/log) runs every other test of the
+// suite on the log layout too.
+var layouts = []outbox.Layout{outbox.LayoutRows, outbox.LayoutLog}
+
+// onEveryLayout runs fn as a parallel subtest on each layout.
+func onEveryLayout(t *testing.T, fn func(t *testing.T, l outbox.Layout)) {
+	t.Parallel()
+	for _, l := range layouts {
+		t.Run(l.String(), func(t *testing.T) {
+			t.Parallel()
+			fn(t, l)
+		})
+	}
+}
+
+// setupOn is setupFunc on a table of layout l.
+func setupOn(t testing.TB, l outbox.Layout, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bindingKeys ...string) *testBundle {
+	t.Helper()
 	conn := amqptest.Conn(t)
 	top := amqptest.Declare(t, conn, bindingKeys...)
 	if cfg == nil {
@@ -47,7 +75,7 @@ func setupFunc(t testing.TB, cfg *outbox.StoreConfig, fn func(amqp.Delivery), bi
 	db := dbtest.DB(t)
 	store, err := outbox.NewStore(db, cfg)
 	require.NoError(t, err)
-	if dbtest.LogLayout() {
+	if l == outbox.LayoutLog {
 		require.NoError(t, store.CreateLogSchemaIfAbsent(context.Background()))
 	} else {
 		require.NoError(t, store.CreateRowsSchemaIfAbsent(context.Background()))
@@ -223,8 +251,11 @@ func TestEndToEnd(t *testing.T) {
 }
 
 func TestUnroutableMessageFailsAndParks(t *testing.T) {
-	t.Parallel()
-	b := setup(t, &outbox.StoreConfig{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }}, "routed.#")
+	onEveryLayout(t, testUnroutableMessageFailsAndParks)
+}
+
+func testUnroutableMessageFailsAndParks(t *testing.T, l outbox.Layout) {
+	b := setupOn(t, l, &outbox.StoreConfig{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }}, nil, "routed.#")
 	b.write(t, 20, 20, func(i int) outbox.Event {
 		if i == 7 {
 			return outbox.Event{Type: "routed.odd", RoutingKey: "nowhere.at.all"}
@@ -274,10 +305,11 @@ func TestMissingExchangeFailsAndChannelRecovers(t *testing.T) {
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 39 }, 30*time.Second, 20*time.Millisecond)
 }
 
-func TestConnectionCutMidStream(t *testing.T) {
-	t.Parallel()
+func TestConnectionCutMidStream(t *testing.T) { onEveryLayout(t, testConnectionCutMidStream) }
+
+func testConnectionCutMidStream(t *testing.T, l outbox.Layout) {
 	const n = 3000
-	b := setup(t, nil)
+	b := setupOn(t, l, nil, nil)
 	b.write(t, n, 500, small)
 	proxy := amqptest.NewProxy(t)
 	r, _ := start(t, b.store, newPublisher(t, &relay.AMQPConfig{URL: proxy.URL()}),
@@ -296,9 +328,10 @@ func TestConnectionCutMidStream(t *testing.T) {
 		b.consumer.Distinct(), b.consumer.Total(), b.consumer.Total()-b.consumer.Distinct(), r.Stats())
 }
 
-func TestBrokerClosesConnection(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
+func TestBrokerClosesConnection(t *testing.T) { onEveryLayout(t, testBrokerClosesConnection) }
+
+func testBrokerClosesConnection(t *testing.T, l outbox.Layout) {
+	b := setupOn(t, l, nil, nil)
 	b.write(t, 200, 100, small)
 	name := amqptest.Name(t, "relay")
 	start(t, b.store, newPublisher(t, &relay.AMQPConfig{ConnectionName: name}),
@@ -317,10 +350,11 @@ func TestBrokerClosesConnection(t *testing.T) {
 	require.EqualValues(t, 0, b.count(t, "attempts > 0"), "a connection the broker closed burns no attempts")
 }
 
-func TestTwoRelaysOneTable(t *testing.T) {
-	t.Parallel()
+func TestTwoRelaysOneTable(t *testing.T) { onEveryLayout(t, testTwoRelaysOneTable) }
+
+func testTwoRelaysOneTable(t *testing.T, l outbox.Layout) {
 	const n = 5000
-	b := setup(t, nil)
+	b := setupOn(t, l, nil, nil)
 	b.write(t, n, 250, small)
 	other, err := outbox.NewStore(dbtest.NewDB(t), &outbox.StoreConfig{Table: b.store.Table(), Logger: dbtest.Logger(t)})
 	require.NoError(t, err)
@@ -354,9 +388,12 @@ func (p neverConfirms) Publish(ctx context.Context, msgs []outbox.Message) []err
 func (neverConfirms) Close() error { return nil }
 
 func TestGracefulShutdownReleasesClaims(t *testing.T) {
-	t.Parallel()
+	onEveryLayout(t, testGracefulShutdownReleasesClaims)
+}
+
+func testGracefulShutdownReleasesClaims(t *testing.T, l outbox.Layout) {
 	const n = 40
-	b := setup(t, nil)
+	b := setupOn(t, l, nil, nil)
 	b.write(t, n, n, small)
 	stuck := neverConfirms{calls: make(chan int, 1)}
 	first, stopFirst := start(t, b.store, stuck, &relay.Config{BatchSize: n, Lease: time.Hour, ShutdownTimeout: 100 * time.Millisecond})

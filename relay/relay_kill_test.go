@@ -106,10 +106,11 @@ func startHelperRelay(t *testing.T, env ...string) (kill func()) {
 	return kill
 }
 
-func TestRelayKilledMidBatch(t *testing.T) {
-	t.Parallel()
+func TestRelayKilledMidBatch(t *testing.T) { onEveryLayout(t, testRelayKilledMidBatch) }
+
+func testRelayKilledMidBatch(t *testing.T, l outbox.Layout) {
 	const n = 3000
-	b := setup(t, nil)
+	b := setupOn(t, l, nil, nil)
 	b.write(t, n, 500, small)
 
 	kill := startRelayProcess(t, b.store.Table(), false)

@@ -133,6 +133,3 @@ func (FailedClaim) Backend() string { return "postgres-log" }
 // FoundOrdered says whether the claim found its table ordered (see
 // backend.OrderFinder).
 func (c BatchClaim) FoundOrdered() bool { return c.Ordered }
-
-// fence is c without Ordered: what settles compare.
-func (c BatchClaim) fence() BatchClaim { c.Ordered = false; return c }

@@ -1,5 +1,5 @@
 // Package pgsql holds the SQL that both of PostgreSQL's layouts share
-// (package pgrows's rows table, package outbox's log tables): fragments
+// (package pgrows's rows table, package pglog's log tables): fragments
 // of statements, not statements.
 package pgsql
 
