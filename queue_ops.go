@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,8 +96,9 @@ func (o queueOps) claim(ctx context.Context, db *sql.DB, n int, lease time.Durat
 	return msgs, nil
 }
 
-// giveBackClaims gives back what claims took, when the backend can, after
-// a claim failed with err (see orphan.go).
+// giveBackClaims gives back at once what claims took, when the backend
+// can, after a claim failed with err: a claim whose caller gets an error
+// may have committed all the same (see backend.GiveBack).
 func (o queueOps) giveBackClaims(ctx context.Context, db *sql.DB, err error, claims ...backend.Claim) {
 	gb, ok := o.q.(backend.GiveBacker)
 	if !ok {
@@ -104,7 +106,7 @@ func (o queueOps) giveBackClaims(ctx context.Context, db *sql.DB, err error, cla
 	}
 	for _, c := range claims {
 		if c != nil {
-			o.giveBack(ctx, func(ctx context.Context) (int64, error) { return gb.GiveBack(ctx, db, c) }, err, false)
+			backend.GiveBack(ctx, o.logger, o.t.full, func(ctx context.Context) (int64, error) { return gb.GiveBack(ctx, db, c) }, err, false)
 		}
 	}
 }
@@ -114,6 +116,9 @@ func (o queueOps) giveBackClaims(ctx context.Context, db *sql.DB, err error, cla
 // When ordered, the later messages of a parked one's key are held behind
 // it (Fail holds them) and given back.
 func (o queueOps) parkUnfit(ctx context.Context, db *sql.DB, msgs []Message, ordered bool) ([]Message, error) {
+	if !slices.ContainsFunc(msgs, func(m Message) bool { return m.unfit != "" }) {
+		return msgs, nil // the claim's common case: nothing to look up
+	}
 	byID := make(map[string]Message, len(msgs))
 	for _, m := range msgs {
 		byID[m.ID] = m

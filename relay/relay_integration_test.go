@@ -299,6 +299,9 @@ func TestMissingExchangeFailsAndChannelRecovers(t *testing.T) {
 	require.Contains(t, lastError, fmt.Sprintf("exchange %q does not exist", missing))
 	require.EqualValues(t, 0, b.count(t, "published_at IS NOT NULL AND attempts > 0"),
 		"messages that shared the closed channel are published again, not failed")
+	// The relay counts a failure after MarkFailed returns: the parked row
+	// is visible before the second count.
+	require.Eventually(t, func() bool { return r.Stats().Failed >= 2 }, 10*time.Second, 10*time.Millisecond)
 	require.EqualValues(t, 2, r.Stats().Failed, "only the message to the missing exchange counts attempts")
 
 	b.write(t, 10, 10, small)

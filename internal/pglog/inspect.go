@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/acemq/outbox/internal/backend"
+	"github.com/acemq/outbox/internal/pgsql"
 )
 
 // The inspections (backend.Inspector): the batch and settle tables for
@@ -75,7 +76,7 @@ func (b *Backend) KeyQueue(ctx context.Context, db *sql.DB, key string, limit in
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows, func(r *backend.Row) []any { return []any{&r.State} })
+	return pgsql.ScanRows(rows, nil, func(r *backend.Row) []any { return []any{&r.State} })
 }
 
 func (b *Backend) PublishedByMinute(ctx context.Context, db *sql.DB, minutes int) ([]int64, error) {
@@ -91,5 +92,5 @@ func (b *Backend) Held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows)
+	return pgsql.ScanRows(rows, nil)
 }

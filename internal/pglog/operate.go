@@ -126,7 +126,7 @@ func (b *Backend) Parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery)
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows)
+	return pgsql.ScanRows(rows, nil)
 }
 
 // retrySet is what a retry does to a parked message of the failed
@@ -198,10 +198,7 @@ func (b *Backend) purge(ctx context.Context, db *sql.DB, olderThan time.Duration
 		return 0, err
 	}
 	var total int64
-	for i := int64(0); i < b.t.Parts; i++ {
-		if i == cur || i == (cur+1)%b.t.Parts {
-			continue
-		}
+	for _, i := range b.behind(cur) {
 		n, _, err := b.truncate(ctx, db, i, olderThan, true)
 		if err != nil {
 			return total, err
@@ -223,6 +220,18 @@ const purgeFailedSQL = `DELETE FROM {failed} WHERE id IN (
 	WHERE coalesce(f.published_at, f.discarded_at) < now() - $1::bigint * interval '1 microsecond'
 	  AND NOT EXISTS (SELECT 1 FROM {table} AS o WHERE o.id = f.id)
 	LIMIT $2)`
+
+// behind lists the partitions of the events table other than cur, the one
+// writers are in, and the next: those a purge may empty.
+func (b *Backend) behind(cur int64) []int64 {
+	parts := make([]int64, 0, b.t.Parts)
+	for i := int64(0); i < b.t.Parts; i++ {
+		if i != cur && i != (cur+1)%b.t.Parts {
+			parts = append(parts, i)
+		}
+	}
+	return parts
+}
 
 // current returns the partition writers are in.
 func (b *Backend) current(ctx context.Context, q querier) (int64, error) {
@@ -435,10 +444,7 @@ func (b *Backend) Purgeable(ctx context.Context, db *sql.DB, olderThan time.Dura
 		return 0, err
 	}
 	var total int64
-	for i := int64(0); i < b.t.Parts; i++ {
-		if i == cur || i == (cur+1)%b.t.Parts {
-			continue
-		}
+	for _, i := range b.behind(cur) {
 		part := b.t.Partition(i)
 		ok, err := b.purgeableNow(ctx, db, part, olderThan)
 		if err != nil {
@@ -498,31 +504,4 @@ func (b *Backend) Purge(ctx context.Context, db *sql.DB, olderThan time.Duration
 		progress(n)
 	}
 	return n, err
-}
-
-// scanRows reads rows of the failed table's message columns (see scan),
-// without ord and the blocked flag.
-func scanRows(rs *sql.Rows, more ...func(*backend.Row) []any) ([]backend.Row, error) {
-	defer rs.Close()
-	var out []backend.Row
-	for rs.Next() {
-		var (
-			r                 backend.Row
-			claimed, parkedAt sql.NullTime
-		)
-		dest := []any{&r.ID, &r.Seq, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload,
-			&r.ContentType, &r.Headers, &r.CreatedAt, &r.Attempts, &r.LastError, &claimed, &parkedAt}
-		for _, m := range more {
-			dest = append(dest, m(&r)...)
-		}
-		if err := rs.Scan(dest...); err != nil {
-			if r.ID == "" {
-				return nil, backend.BadRowError{Err: err}
-			}
-			r.Unfit, r.Headers = err.Error(), nil
-		}
-		r.ClaimedUntil, r.ParkedAt = claimed.Time, parkedAt.Time
-		out = append(out, r)
-	}
-	return out, rs.Err()
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/acemq/outbox/internal/backend"
+	"github.com/acemq/outbox/internal/pgsql"
 )
 
 // Settle records what became of messages of one claim: for a batch, a
@@ -72,27 +73,11 @@ func (b *Backend) settleFailed(ctx context.Context, db *sql.DB, published bool, 
 	if !published {
 		query = b.q.releaseFailedIDs
 	}
-	ids := make([]string, len(refs))
-	at := make(map[string]int, len(refs))
-	for i, r := range refs {
-		ids[i], at[r.ID] = r.ID, i
-	}
-	rows, err := db.QueryContext(ctx, query, ids, uuid.UUID(c).String())
+	rows, err := db.QueryContext(ctx, query, pgsql.IDs(refs), uuid.UUID(c).String())
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var done []int
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		if i, ok := at[id]; ok {
-			done = append(done, i)
-		}
-	}
-	return done, rows.Err()
+	return pgsql.ScanDone(rows, refs)
 }
 
 // Fail counts a failed attempt: a message of a batch is copied to the
@@ -126,12 +111,15 @@ func (b *Backend) Fail(ctx context.Context, db *sql.DB, ref backend.Ref, bc back
 // claim takes it over), messages of the failed table have their claim
 // cleared.
 func (b *Backend) GiveBack(ctx context.Context, db *sql.DB, bc backend.Claim) (int64, error) {
-	var query, token string
+	var (
+		query, token string
+		soon         func() // the look that takes what it gave back
+	)
 	switch c := bc.(type) {
 	case BatchClaim:
-		query, token = b.q.releaseBatch, c.Token.String()
+		query, token, soon = b.q.releaseBatch, c.Token.String(), b.scanSoon
 	case FailedClaim:
-		query, token = b.q.releaseFailed, uuid.UUID(c).String()
+		query, token, soon = b.q.releaseFailed, uuid.UUID(c).String(), b.failedSoon
 	default:
 		return 0, fmt.Errorf("pglog: a claim of %s given back to a table of the log layout", bc.Backend())
 	}
@@ -141,8 +129,7 @@ func (b *Backend) GiveBack(ctx context.Context, db *sql.DB, bc backend.Claim) (i
 	}
 	n, err := res.RowsAffected()
 	if err == nil && n > 0 {
-		b.scanSoon()
-		b.failedSoon()
+		soon()
 	}
 	return n, err
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/acemq/outbox/internal/backend"
+	"github.com/acemq/outbox/internal/pgsql"
 )
 
 // inspectQueries are the statements of backend.Inspector.
@@ -73,7 +74,7 @@ func (b *Backend) KeyQueue(ctx context.Context, db *sql.DB, key string, limit in
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows, nil, func(r *backend.Row) []any { return []any{&r.State} })
+	return pgsql.ScanRows(rows, nil, func(r *backend.Row) []any { return []any{&r.State} })
 }
 
 // PublishedByMinute implements backend.Inspector.
@@ -91,5 +92,5 @@ func (b *Backend) Held(ctx context.Context, db *sql.DB, q backend.HeldQuery) ([]
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows, nil)
+	return pgsql.ScanRows(rows, nil)
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/acemq/outbox/internal/backend"
 	"github.com/acemq/outbox/internal/pgschema"
+	"github.com/acemq/outbox/internal/pgsql"
 )
 
 // Table names the table a Backend keeps.
@@ -91,7 +92,7 @@ func (b *Backend) Claim(ctx context.Context, db *sql.DB, n int, lease time.Durat
 	if err != nil {
 		return nil, c, err
 	}
-	claimed, err := scanRows(rows, c)
+	claimed, err := pgsql.ScanRows(rows, c)
 	slices.SortFunc(claimed, func(x, y backend.Row) int { return cmp.Compare(x.Seq, y.Seq) })
 	return claimed, c, err
 }
@@ -120,27 +121,11 @@ func (b *Backend) Settle(ctx context.Context, db *sql.DB, published bool, bc bac
 	if published {
 		query = b.queries(ordered).markPublished
 	}
-	ids := make([]string, len(refs))
-	at := make(map[string]int, len(refs))
-	for i, r := range refs {
-		ids[i], at[r.ID] = r.ID, i
-	}
-	rows, err := db.QueryContext(ctx, query, ids, string(c))
+	rows, err := db.QueryContext(ctx, query, pgsql.IDs(refs), string(c))
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	done := make([]int, 0, len(refs))
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		if i, ok := at[id]; ok {
-			done = append(done, i)
-		}
-	}
-	return done, rows.Err()
+	return pgsql.ScanDone(rows, refs)
 }
 
 // Fail implements backend.Queue. On an ordered table the later messages
@@ -221,7 +206,7 @@ func (b *Backend) Parked(ctx context.Context, db *sql.DB, q backend.ParkedQuery)
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows, nil)
+	return pgsql.ScanRows(rows, nil)
 }
 
 // ChangeParked implements backend.Queue.
@@ -253,33 +238,4 @@ func (b *Backend) Purgeable(ctx context.Context, db *sql.DB, olderThan time.Dura
 	var n int64
 	err := db.QueryRowContext(ctx, b.q.purgeable, olderThan.Microseconds()).Scan(&n)
 	return n, err
-}
-
-// scanRows reads the rows of messageColumns, each with claim, and the
-// columns after them into what more returns of each row. A row that
-// cannot be read as written (a column that does not scan) is returned
-// with Unfit set; one whose id cannot be read either is a BadRowError.
-func scanRows(rows *sql.Rows, claim backend.Claim, more ...func(*backend.Row) []any) ([]backend.Row, error) {
-	defer rows.Close()
-	var out []backend.Row
-	for rows.Next() {
-		var (
-			r                 backend.Row
-			claimed, parkedAt sql.NullTime
-		)
-		dest := []any{&r.ID, &r.Seq, &r.EventType, &r.Key, &r.Exchange, &r.RoutingKey, &r.Payload,
-			&r.ContentType, &r.Headers, &r.CreatedAt, &r.Attempts, &r.LastError, &claimed, &parkedAt}
-		for _, m := range more {
-			dest = append(dest, m(&r)...)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			if r.ID == "" {
-				return nil, backend.BadRowError{Err: err}
-			}
-			r.Unfit, r.Headers = err.Error(), nil
-		}
-		r.ClaimedUntil, r.ParkedAt, r.Claim = claimed.Time, parkedAt.Time, claim
-		out = append(out, r)
-	}
-	return out, rows.Err()
 }
