@@ -306,6 +306,7 @@ func TestMissingExchangeFailsAndChannelRecovers(t *testing.T) {
 
 	b.write(t, 10, 10, small)
 	require.Eventually(t, func() bool { return b.consumer.Distinct() == 39 }, 30*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, 2, r.Stats().Failed, "the parked message and the later ones count no more failures")
 }
 
 func TestConnectionCutMidStream(t *testing.T) { onEveryLayout(t, testConnectionCutMidStream) }
